@@ -1,0 +1,5 @@
+"""``python -m rasterflow``."""
+
+from rasterflow.cli import main
+
+main()

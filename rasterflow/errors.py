@@ -1,0 +1,141 @@
+"""The exception hierarchy and the process exit codes.
+
+Every error rasterflow raises on purpose derives from :class:`RasterflowError`; each subclass also inherits the
+built-in exception it resembles, so callers that catch ``ValueError`` or ``MemoryError`` keep working. Only the CLI
+turns errors into exit codes.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "ExitCode",
+    "RasterflowError",
+    "SpecError",
+    "SpecIssue",
+    "ExpressionError",
+    "BudgetExceededError",
+    "CatalogError",
+    "NoItemsFoundError",
+    "OutputExistsError",
+    "ClusterError",
+    "RunFailedError",
+]
+
+
+class ExitCode(enum.IntEnum):
+    """Process exit codes; part of the contract with cron jobs and CI (SPEC.md)."""
+
+    OK = 0
+    RUN_FAILED = 1
+    INVALID = 2
+    OVER_BUDGET = 3
+
+
+class RasterflowError(Exception):
+    """Root of every error rasterflow raises on purpose."""
+
+    exit_code: ExitCode = ExitCode.RUN_FAILED
+
+
+class SpecIssue:
+    """One problem found in a spec file, with where it is.
+
+    Attributes
+    ----------
+    path : str
+        The spec file as the user named it.
+    line, column : int or None
+        1-based position of the offending key or value, when known.
+    field : str
+        Dotted location in the spec, e.g. ``chunks.y``; empty for file-level problems.
+    message : str
+        What is wrong and what to change.
+    """
+
+    __slots__ = ("path", "line", "column", "field", "message")
+
+    def __init__(self, path: str, line: int | None, column: int | None, field: str, message: str):
+        self.path = path
+        self.line = line
+        self.column = column
+        self.field = field
+        self.message = message
+
+    def __str__(self) -> str:
+        where = self.path
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        what = f"{self.field}: {self.message}" if self.field else self.message
+        return f"{where}: {what}"
+
+    def __repr__(self) -> str:
+        return f"SpecIssue({str(self)!r})"
+
+
+class SpecError(RasterflowError, ValueError):
+    """The spec file is invalid; carries every problem found, not just the first."""
+
+    exit_code = ExitCode.INVALID
+
+    def __init__(self, issues: list[SpecIssue] | SpecIssue | str):
+        if isinstance(issues, str):
+            issues = [SpecIssue("<spec>", None, None, "", issues)]
+        elif isinstance(issues, SpecIssue):
+            issues = [issues]
+        self.issues: list[SpecIssue] = list(issues)
+        super().__init__("\n".join(str(i) for i in self.issues))
+
+
+class ExpressionError(RasterflowError, ValueError):
+    """A band-math expression is malformed, unsafe or names something unknown.
+
+    ``str(err)`` is the full message: the reason, the expression, and a caret under the offending token.
+    """
+
+    exit_code = ExitCode.INVALID
+
+    def __init__(self, reason: str, expression: str = "", offset: int | None = None, hint: str = ""):
+        self.reason = reason
+        self.expression = expression
+        self.offset = offset
+        self.hint = hint
+        parts = [reason]
+        if expression:
+            parts.append("    " + expression)
+            if offset is not None:
+                parts.append("    " + " " * offset + "^")
+        if hint:
+            parts.append(hint)
+        super().__init__("\n".join(parts))
+
+
+class BudgetExceededError(RasterflowError, MemoryError):
+    """The static estimate says the job will not fit in the workers' memory."""
+
+    exit_code = ExitCode.OVER_BUDGET
+
+
+class CatalogError(RasterflowError, RuntimeError):
+    """The STAC catalog could not be searched or read."""
+
+
+class NoItemsFoundError(CatalogError, LookupError):
+    """The search matched no items; a cron job must notice, so this is a failed run."""
+
+
+class OutputExistsError(RasterflowError, FileExistsError):
+    """The output exists and ``output.overwrite`` is false."""
+
+    exit_code = ExitCode.INVALID
+
+
+class ClusterError(RasterflowError, ConnectionError):
+    """The Dask cluster could not be started or reached."""
+
+
+class RunFailedError(RasterflowError, RuntimeError):
+    """The computation or the write failed."""

@@ -1,0 +1,438 @@
+"""Pydantic models of the pipeline spec, version 1 (``shared/design/SPEC.md``).
+
+The models only describe; they validate shape, ranges and cross-field rules, and never touch the network or pixels.
+Every field carries a description so the generated JSON Schema documents itself in editors.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from pathlib import PurePosixPath
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+
+from rasterflow.errors import ExpressionError
+from rasterflow.spec.timeparse import parse_datetime_window
+from rasterflow.units import parse_bytes
+
+__all__ = [
+    "Spec",
+    "Source",
+    "StacSource",
+    "Grid",
+    "Chunks",
+    "Reduce",
+    "Output",
+    "Cluster",
+    "MemoryThresholds",
+    "Budget",
+    "REDUCE_METHODS",
+    "CUBE_DIMS",
+]
+
+REDUCE_METHODS = ("mean", "median", "min", "max", "std", "sum", "count", "quantile")
+CUBE_DIMS = ("time", "band", "y", "x")
+RESAMPLING_METHODS = (
+    "nearest", "bilinear", "cubic", "cubic_spline", "lanczos", "average", "mode", "max", "min", "med", "q1", "q3",
+)
+COMPRESSION_CODECS = ("zstd", "deflate", "lzw", "lz4", "none")
+_FORMAT_BY_SUFFIX = {".zarr": "zarr", ".tif": "cog", ".tiff": "cog"}
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_EPSG = re.compile(r"^EPSG:[0-9]{4,6}$")
+
+
+def _function_names() -> frozenset[str]:
+    from rasterflow.expr import ALLOWED_FUNCTIONS
+
+    return frozenset(ALLOWED_FUNCTIONS)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+PositiveFloat = Annotated[StrictFloat, Field(gt=0)]
+Size = Annotated[StrictStr | StrictInt, Field(description="A byte size: '4GB', '512MiB', or a number of bytes.")]
+
+
+class StacSource(_Model):
+    """Where the scenes come from: a STAC API or a local file of items."""
+
+    catalog: StrictStr = Field(
+        description="A STAC API root (http/https), searched with pystac-client; or a local file of items (an "
+        "ItemCollection .json, .ndjson, or stac-geoparquet .parquet), relative to the spec file.",
+        min_length=1,
+    )
+    collections: list[StrictStr] = Field(description="Collection ids to search.", min_length=1)
+    bbox: list[StrictFloat] = Field(
+        description="WGS84 lon/lat bounding box: west, south, east, north.", min_length=4, max_length=4
+    )
+    datetime: StrictStr = Field(
+        description='ISO 8601 interval ("2024-06-01/2024-08-31", open ends as ".."), a single date, or a relative '
+        'window ending now ("P30D", "P1Y").'
+    )
+    query: dict[StrictStr, Any] | None = Field(
+        default=None,
+        description='STAC query extension, e.g. {"eo:cloud_cover": {"lt": 40}}; applied locally for local files.',
+    )
+    filter: dict[StrictStr, Any] | StrictStr | None = Field(
+        default=None, description="A CQL2 filter, as cql2-json (a mapping) or cql2-text (a string)."
+    )
+    max_items: Annotated[StrictInt, Field(gt=0)] | None = Field(
+        default=None,
+        description="Upper bound on items; the static budget check uses it as the time-axis length when time is whole.",
+    )
+
+    @field_validator("bbox")
+    @classmethod
+    def _check_bbox(cls, bbox: list[float]) -> list[float]:
+        west, south, east, north = bbox
+        problems = []
+        if not (-180 <= west <= 180 and -180 <= east <= 180):
+            problems.append("longitudes must lie in [-180, 180]")
+        if not (-90 <= south <= 90 and -90 <= north <= 90):
+            problems.append("latitudes must lie in [-90, 90]")
+        if west >= east:
+            problems.append(f"west ({west}) must be less than east ({east})")
+        if south >= north:
+            problems.append(f"south ({south}) must be less than north ({north})")
+        if problems:
+            raise ValueError("; ".join(problems) + " (order: west, south, east, north in WGS84 degrees)")
+        return bbox
+
+    @field_validator("datetime")
+    @classmethod
+    def _check_datetime(cls, value: str) -> str:
+        parse_datetime_window(value)
+        return value
+
+    @field_validator("query")
+    @classmethod
+    def _check_query(cls, query: dict[str, Any] | None) -> dict[str, Any] | None:
+        if query is None:
+            return None
+        known_ops = {"eq", "neq", "lt", "lte", "gt", "gte", "startsWith", "endsWith", "contains", "in"}
+        for prop, condition in query.items():
+            if not isinstance(condition, dict) or not condition:
+                raise ValueError(f"query.{prop} must map operators to values, e.g. {{lt: 40}}")
+            unknown = set(condition) - known_ops
+            if unknown:
+                raise ValueError(
+                    f"query.{prop}: unknown operator {sorted(unknown)[0]!r}; use one of {', '.join(sorted(known_ops))}"
+                )
+        return query
+
+
+class Source(_Model):
+    """The input: a STAC search and the assets to load from each item."""
+
+    stac: StacSource = Field(description="The STAC search.")
+    assets: dict[StrictStr, StrictStr] = Field(
+        description="Name used in expressions -> asset key in the items.", min_length=1
+    )
+
+    @field_validator("assets")
+    @classmethod
+    def _check_asset_names(cls, assets: dict[str, str]) -> dict[str, str]:
+        for name in assets:
+            _check_identifier(name, "asset name")
+        return assets
+
+
+class Grid(_Model):
+    """The output grid every scene is resampled onto."""
+
+    crs: StrictStr = Field(description='Output CRS as "EPSG:<code>", e.g. "EPSG:32633".')
+    resolution: PositiveFloat = Field(description="Pixel size in CRS units.")
+    bounds: list[StrictFloat] | None = Field(
+        default=None,
+        description="[minx, miny, maxx, maxy] in grid.crs; default: source.stac.bbox projected to grid.crs.",
+        min_length=4,
+        max_length=4,
+    )
+    dtype: Literal["float32", "float64"] = Field(
+        default="float32",
+        description="Working dtype of loaded bands; float32 halves memory, float64 only when asked.",
+    )
+    resampling: Literal[RESAMPLING_METHODS] = Field(  # type: ignore[valid-type]
+        default="nearest", description="Resampling used when warping scenes onto the grid."
+    )
+
+    @field_validator("crs")
+    @classmethod
+    def _check_crs(cls, crs: str) -> str:
+        if not _EPSG.match(crs.strip().upper()):
+            raise ValueError(f'must be an EPSG code like "EPSG:32633" (got {crs!r})')
+        return crs.strip().upper()
+
+    @field_validator("bounds")
+    @classmethod
+    def _check_bounds(cls, bounds: list[float] | None) -> list[float] | None:
+        if bounds is not None:
+            minx, miny, maxx, maxy = bounds
+            if minx >= maxx or miny >= maxy:
+                raise ValueError(f"need minx < maxx and miny < maxy (got {bounds}; order: minx, miny, maxx, maxy)")
+        return bounds
+
+
+ChunkSize = Annotated[
+    StrictInt,
+    Field(description="Chunk length along this axis; -1 = the whole axis."),
+]
+
+
+class Chunks(_Model):
+    """Dask chunk layout; bands are always whole."""
+
+    time: ChunkSize = Field(default=-1, description="Chunk length along time; -1 keeps time whole (needed by median).")
+    y: ChunkSize = Field(default=1024, description="Chunk height in pixels; -1 = whole axis.")
+    x: ChunkSize = Field(default=1024, description="Chunk width in pixels; -1 = whole axis.")
+    band: Literal[-1] = Field(default=-1, description="Always -1: bands stay whole so band math needs no transfer.")
+
+    @field_validator("time", "y", "x")
+    @classmethod
+    def _check_size(cls, value: int) -> int:
+        if value == 0 or value < -1:
+            raise ValueError(f"must be a positive integer or -1 (got {value})")
+        return value
+
+
+class Reduce(_Model):
+    """An optional reduction; without it the time series itself is written."""
+
+    over: StrictStr = Field(default="time", description="The dimension reduced; rasterflow reduces over time.")
+    method: Literal[REDUCE_METHODS] = Field(  # type: ignore[valid-type]
+        description="mean | median | min | max | std | sum | count | quantile."
+    )
+    q: Annotated[StrictFloat, Field(ge=0, le=1)] | list[Annotated[StrictFloat, Field(ge=0, le=1)]] | None = Field(
+        default=None, description="Quantile(s) in 0..1; required for method quantile, and only for it."
+    )
+    period: Literal["month", "season", "year"] | None = Field(
+        default=None, description="null = the whole window; month | season | year = one result per period."
+    )
+
+    @field_validator("over")
+    @classmethod
+    def _check_over(cls, over: str) -> str:
+        if over != "time":
+            existing = ", ".join(CUBE_DIMS)
+            raise ValueError(f"{over!r} cannot be reduced; the cube has dimensions {existing}, and only time reduces")
+        return over
+
+    @model_validator(mode="after")
+    def _check_q(self) -> Reduce:
+        if self.method == "quantile" and self.q is None:
+            raise _LocatedError(("method",), "method quantile needs q (a number in 0..1, or a list of them), e.g. q: 0.9")
+        if self.method != "quantile" and self.q is not None:
+            raise _LocatedError(("q",), f"q is only used with method: quantile (method is {self.method!r}); remove q")
+        if isinstance(self.q, list) and not self.q:
+            raise _LocatedError(("q",), "q is an empty list; give at least one quantile")
+        return self
+
+    @property
+    def quantiles(self) -> tuple[float, ...]:
+        """The quantiles as a tuple (empty unless method is quantile)."""
+        if self.q is None:
+            return ()
+        return tuple(self.q) if isinstance(self.q, list) else (self.q,)
+
+
+class Output(_Model):
+    """Where and how the result is written."""
+
+    path: StrictStr = Field(
+        description="Output path, relative to the spec file; s3:// and other fsspec URLs allowed.", min_length=1
+    )
+    format: Literal["zarr", "cog"] | None = Field(
+        default=None, description="zarr | cog; default from the path's extension (.zarr / .tif)."
+    )
+    overwrite: StrictBool = Field(default=False, description="Replace existing output; never done unless asked.")
+    compression: Literal[COMPRESSION_CODECS] = Field(  # type: ignore[valid-type]
+        default="zstd", description="Compression codec of the written chunks or tiles."
+    )
+
+    @model_validator(mode="after")
+    def _check_format(self) -> Output:
+        suffix = PurePosixPath(self.path.rstrip("/")).suffix.lower()
+        implied = _FORMAT_BY_SUFFIX.get(suffix)
+        if self.format is None and implied is None:
+            raise _LocatedError(("path",), 
+                f"cannot tell the format from {self.path!r}; end the path in .zarr or .tif, or set format: zarr | cog"
+            )
+        if self.format is not None and implied is not None and implied != self.format:
+            raise _LocatedError(("format",), 
+                f"format {self.format!r} does not match the path's extension {suffix!r} (which means {implied!r}); "
+                f"change one of them"
+            )
+        return self
+
+    @property
+    def resolved_format(self) -> str:
+        """The output format, given or implied by the extension."""
+        return self.format or _FORMAT_BY_SUFFIX[PurePosixPath(self.path.rstrip("/")).suffix.lower()]
+
+
+class MemoryThresholds(_Model):
+    """Dask worker memory thresholds, as fractions of the worker's memory limit (DOMAIN.md)."""
+
+    target: Annotated[StrictFloat, Field(gt=0, le=1)] = Field(default=0.6, description="Spill managed data to disk.")
+    spill: Annotated[StrictFloat, Field(gt=0, le=1)] = Field(default=0.7, description="Spill based on process RSS.")
+    pause: Annotated[StrictFloat, Field(gt=0, le=1)] = Field(default=0.8, description="Stop starting new tasks.")
+    terminate: Annotated[StrictFloat, Field(gt=0, le=1)] = Field(default=0.95, description="The nanny kills the worker.")
+
+    @model_validator(mode="after")
+    def _check_order(self) -> MemoryThresholds:
+        if not (self.target <= self.spill <= self.pause <= self.terminate):
+            raise ValueError("thresholds must rise: target <= spill <= pause <= terminate")
+        return self
+
+
+class Cluster(_Model):
+    """The Dask cluster: a LocalCluster sized from the machine, or an existing scheduler."""
+
+    address: StrictStr | None = Field(
+        default=None,
+        description="tcp://host:8786 = use that existing Dask cluster (or env DASK_SCHEDULER_ADDRESS); null = LocalCluster.",
+    )
+    n_workers: Literal["auto"] | Annotated[StrictInt, Field(gt=0)] = Field(
+        default="auto", description="LocalCluster worker processes; auto = sized from cores and memory."
+    )
+    threads_per_worker: Annotated[StrictInt, Field(gt=0)] = Field(
+        default=1, description="Threads per worker: tasks a worker runs at once (each holds a working set)."
+    )
+    memory_limit: Literal["auto"] | Size = Field(
+        default="auto", description='Per-worker memory limit: auto = (RAM - reserve) / n_workers; or e.g. "4GB".'
+    )
+    gdal_cachemax: Size = Field(
+        default="256MB", description="GDAL block cache per worker process, set before GDAL starts."
+    )
+    memory: MemoryThresholds = Field(
+        default_factory=MemoryThresholds, description="Worker memory thresholds (fractions of the memory limit)."
+    )
+
+    @field_validator("address")
+    @classmethod
+    def _check_address(cls, address: str | None) -> str | None:
+        if address is not None and not re.match(r"^(tcp|tls|inproc|ucx|ws|wss)://[^\s/]+(:[0-9]+)?/?$", address):
+            raise ValueError(f"expected a scheduler address like tcp://host:8786 (got {address!r})")
+        return address
+
+    @field_validator("memory_limit")
+    @classmethod
+    def _check_memory_limit(cls, value: str | int) -> str | int:
+        if value != "auto" and parse_bytes(value) <= 0:
+            raise ValueError(f"must be a positive size like '4GB' (got {value!r})")
+        return value
+
+    @field_validator("gdal_cachemax")
+    @classmethod
+    def _check_cachemax(cls, value: str | int) -> str | int:
+        parse_bytes(value)
+        return value
+
+
+class Budget(_Model):
+    """The static memory budget check."""
+
+    max_fraction: Annotated[StrictFloat, Field(gt=0, le=1)] = Field(
+        default=0.5, description="Refuse to run when the estimated peak per worker exceeds this fraction of its limit."
+    )
+    on_exceed: Literal["error", "warn"] = Field(default="error", description="error = refuse; warn = run anyway.")
+
+
+class Spec(_Model):
+    """A rasterflow pipeline spec, version 1."""
+
+    version: Literal[1] = Field(description="The spec format version; 1.")
+    name: StrictStr = Field(
+        description="Pipeline name, [a-z0-9_-]+; used in logs, the run report and the lock file.",
+        pattern=r"^[a-z0-9_-]+$",
+        max_length=128,
+    )
+    description: StrictStr | None = Field(default=None, description="Free text.")
+    source: Source = Field(description="The STAC search and the assets to load.")
+    grid: Grid = Field(description="The output grid.")
+    chunks: Chunks = Field(default_factory=Chunks, description="Dask chunk layout; -1 = whole axis.")
+    mask: StrictStr | None = Field(
+        default=None, description="Boolean expression over assets; true = drop the pixel (set it to NaN)."
+    )
+    bands: dict[StrictStr, StrictStr] = Field(
+        description="Named expressions, evaluated in order; later ones may use earlier ones.", min_length=1
+    )
+    reduce: Reduce | None = Field(default=None, description="Optional reduction; without it the time series is written.")
+    output: Output = Field(description="Where and how the result is written.")
+    cluster: Cluster = Field(default_factory=Cluster, description="The Dask cluster.")
+    budget: Budget = Field(default_factory=Budget, description="The static memory budget check.")
+
+    @field_validator("bands")
+    @classmethod
+    def _check_band_names(cls, bands: dict[str, str]) -> dict[str, str]:
+        for name in bands:
+            _check_identifier(name, "band name")
+        return bands
+
+    @model_validator(mode="after")
+    def _check_expressions(self) -> Spec:
+        from rasterflow.expr import parse_expression
+
+        assets = list(self.source.assets)
+        collisions = sorted(set(assets) & set(self.bands))
+        if collisions:
+            raise _LocatedError(
+                ("bands", collisions[0]),
+                f"{collisions[0]!r} is both an asset and a band; rename the band (e.g. {collisions[0]}_out)",
+            )
+        if self.mask is not None:
+            try:
+                mask = parse_expression(self.mask, assets, what="mask")
+            except ExpressionError as err:
+                raise _LocatedError(("mask",), str(err)) from None
+            if not mask.is_boolean:
+                raise _LocatedError(
+                    ("mask",), f"must be a true/false expression such as \"scl in (3, 8, 9, 10)\" (got {self.mask!r})"
+                )
+        known = list(assets)
+        for name, text in self.bands.items():
+            try:
+                parse_expression(text, known, what=f"band {name!r}")
+            except ExpressionError as err:
+                raise _LocatedError(("bands", name), str(err)) from None
+            known.append(name)
+        if self.output.resolved_format == "cog" and self.reduce is None:
+            raise _LocatedError(
+                ("output", "format"),
+                "a COG holds 2-D bands, so a time series cannot be written to one; add a reduce section or write .zarr",
+            )
+        return self
+
+
+class _LocatedError(ValueError):
+    """A cross-field error that knows which field it is about (the loader maps it to a line)."""
+
+    def __init__(self, loc: tuple[str, ...], message: str):
+        self.loc = loc
+        super().__init__(message)
+
+    def __reduce__(self):  # pydantic deep-copies ctx; keep it picklable
+        return (_LocatedError, (self.loc, str(self)))
+
+
+def _check_identifier(name: str, what: str) -> None:
+    if not _IDENTIFIER.match(name) or keyword.iskeyword(name):
+        raise ValueError(f"{what} {name!r} must be an identifier (letters, digits, _; not starting with a digit)")
+    if name.startswith("__"):
+        raise ValueError(f"{what} {name!r} must not start with '__'")
+    if name in _function_names() or name in ("and", "or", "not", "in"):
+        raise ValueError(f"{what} {name!r} is a function of the expression language; choose another name")

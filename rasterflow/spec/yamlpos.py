@@ -1,0 +1,180 @@
+"""Safe YAML loading that remembers where every key and value stands.
+
+PyYAML's safe loader forgets positions, keeps the last of duplicate keys, expands aliases without limit and turns
+``2024-06-01`` into a date. This loader composes the node graph with PyYAML's safe resolver (minus timestamps) and
+builds plain Python values itself, so it can report ``file:line:column`` for any field, refuse duplicate keys, and
+stop alias bombs after a bounded number of nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+__all__ = ["Position", "LoadedYaml", "YamlProblem", "load_yaml_with_positions", "MAX_SPEC_BYTES", "MAX_NODES"]
+
+MAX_SPEC_BYTES = 2 * 1024 * 1024
+"""Specs are a few kB; anything over this is refused before parsing."""
+
+MAX_NODES = 100_000
+"""Nodes built after alias expansion; a "billion laughs" file hits this in milliseconds."""
+
+
+@dataclass(frozen=True)
+class Position:
+    """1-based line and column of a node in the YAML text."""
+
+    line: int
+    column: int
+
+
+@dataclass(frozen=True)
+class YamlProblem(Exception):
+    """A YAML-level problem at a position (syntax, duplicate key, bomb)."""
+
+    message: str
+    position: Position | None = None
+    field: str = ""
+
+
+@dataclass
+class LoadedYaml:
+    """The plain data of a YAML document and the position of every key (and value) path in it."""
+
+    data: Any
+    key_positions: dict[tuple, Position] = field(default_factory=dict)
+    value_positions: dict[tuple, Position] = field(default_factory=dict)
+
+    def position_of(self, loc: tuple) -> Position | None:
+        """Where the field at ``loc`` is, or its nearest existing parent (for missing keys)."""
+        loc = tuple(loc)
+        while loc:
+            if loc in self.key_positions:
+                return self.key_positions[loc]
+            if loc in self.value_positions:
+                return self.value_positions[loc]
+            loc = loc[:-1]
+        return self.value_positions.get(())
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """SafeLoader without the timestamp resolver: dates in a spec stay strings (``datetime: 2024-06-01``)."""
+
+
+_SpecLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def _position(mark: Any) -> Position:
+    return Position(mark.line + 1, mark.column + 1)
+
+
+def _dotted(loc: tuple) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+class _Builder:
+    def __init__(self, loader: _SpecLoader, result: LoadedYaml):
+        self.loader = loader
+        self.result = result
+        self.nodes_built = 0
+
+    def build(self, node: yaml.Node, loc: tuple) -> Any:
+        self.nodes_built += 1
+        if self.nodes_built > MAX_NODES:
+            raise YamlProblem(
+                f"the document expands to more than {MAX_NODES} values (an alias bomb?); a spec is a few dozen keys",
+                _position(node.start_mark),
+            )
+        self.result.value_positions.setdefault(loc, _position(node.start_mark))
+        if isinstance(node, yaml.MappingNode):
+            return self._mapping(node, loc)
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(child, loc + (index,)) for index, child in enumerate(node.value)]
+        if node.tag not in (
+            "tag:yaml.org,2002:str",
+            "tag:yaml.org,2002:int",
+            "tag:yaml.org,2002:float",
+            "tag:yaml.org,2002:bool",
+            "tag:yaml.org,2002:null",
+        ):
+            raise YamlProblem(
+                f"unsupported YAML tag {node.tag!r}; a spec holds only strings, numbers, booleans, lists and mappings",
+                _position(node.start_mark),
+                _dotted(loc),
+            )
+        return self.loader.construct_object(node, deep=True)
+
+    def _mapping(self, node: yaml.MappingNode, loc: tuple) -> dict:
+        if any(key.tag == "tag:yaml.org,2002:merge" for key, _ in node.value):
+            self.loader.flatten_mapping(node)
+        out: dict = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise YamlProblem("mapping keys must be plain strings", _position(key_node.start_mark), _dotted(loc))
+            key = self.loader.construct_object(key_node)
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                raise YamlProblem("mapping keys must be plain strings", _position(key_node.start_mark), _dotted(loc))
+            if isinstance(key, bool) or key is None:
+                # YAML 1.1 reads `on:`/`yes:`/`null:` as booleans or null; keep the text the user wrote.
+                key = key_node.value
+            if key in out:
+                first = self.result.key_positions[loc + (key,)]
+                raise YamlProblem(
+                    f"duplicate key {key!r} (first at line {first.line}); YAML would silently keep only the last, "
+                    f"so remove one of them",
+                    _position(key_node.start_mark),
+                    _dotted(loc + (key,)),
+                )
+            self.result.key_positions[loc + (key,)] = _position(key_node.start_mark)
+            out[key] = self.build(value_node, loc + (key,))
+        return out
+
+
+def load_yaml_with_positions(text: str) -> LoadedYaml:
+    """Parse one YAML document into plain data plus the position of every key.
+
+    Raises
+    ------
+    YamlProblem
+        For syntax errors, tabs, duplicate keys, several documents, unsupported tags or alias bombs.
+    """
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
+        raise YamlProblem(f"the file is larger than {MAX_SPEC_BYTES // (1024 * 1024)} MB; a spec is a few kB")
+    loader = _SpecLoader(text)
+    try:
+        try:
+            root = loader.get_single_node()
+        except yaml.composer.ComposerError as err:
+            if "expected a single document" in str(err):
+                mark = err.problem_mark
+                raise YamlProblem(
+                    "the file holds more than one YAML document ('---'); put one spec per file",
+                    _position(mark) if mark else None,
+                ) from None
+            raise
+        except RecursionError:
+            raise YamlProblem("the YAML nesting is too deep") from None
+        result = LoadedYaml(data=None)
+        if root is not None:
+            try:
+                result.data = _Builder(loader, result).build(root, ())
+            except RecursionError:
+                raise YamlProblem("the YAML nests too deeply (a recursive alias?)") from None
+        return result
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        problem = err.problem or str(err)
+        if "\t" in problem or "'\\t'" in problem:
+            problem = "a tab character; YAML indents with spaces only, so replace the tab with spaces"
+        elif err.context:
+            problem = f"{problem} ({err.context})"
+        raise YamlProblem(f"YAML syntax error: {problem}", _position(mark) if mark else None) from None
+    except yaml.YAMLError as err:
+        raise YamlProblem(f"YAML error: {err}") from None
+    finally:
+        loader.dispose()

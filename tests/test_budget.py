@@ -1,0 +1,237 @@
+"""The static memory model: hand-computed arithmetic, refusals with exit code 3, fixes that pass when applied."""
+
+from __future__ import annotations
+
+import copy
+import json
+import textwrap
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from rasterflow import budget
+from rasterflow.cli import cli
+from rasterflow.errors import BudgetExceededError
+from rasterflow.plan import make_plan, static_check
+from rasterflow.sizing import MachineInfo, WorkerLayout, size_local_cluster
+from rasterflow.spec import load_spec, load_spec_text
+from rasterflow.spec.models import Spec
+
+MB = 10**6
+GB = 10**9
+
+BASE = textwrap.dedent(
+    """\
+    version: 1
+    name: budget-case
+    source:
+      stac:
+        catalog: items.json
+        collections: [c]
+        bbox: [13.0, 52.3, 13.8, 52.7]
+        datetime: 2024-06-01/2024-08-31
+        max_items: 1
+      assets: {red: red, nir: nir, scl: scl}
+    grid: {crs: "EPSG:32633", resolution: 10, bounds: [0, 0, 81920, 81920], dtype: float32}
+    chunks: {time: -1, y: 1024, x: 1024}
+    bands:
+      ndvi: "(nir - red) / (nir + red)"
+    output: {path: out/x.zarr}
+    cluster: {n_workers: 1, threads_per_worker: 4, memory_limit: 4GB, gdal_cachemax: 0}
+    """
+)
+
+
+def _spec(overrides: dict | None = None) -> Spec:
+    data = yaml.safe_load(BASE)
+    for section, values in (overrides or {}).items():
+        if isinstance(values, dict) and isinstance(data.get(section), dict):
+            data[section] = {**data[section], **values}
+        else:
+            data[section] = values
+    return Spec.model_validate(data)
+
+
+def _layout(spec: Spec) -> WorkerLayout:
+    c = spec.cluster
+    return size_local_cluster(MachineInfo(cores=8, memory_bytes=64 * 2**30), n_workers=c.n_workers,
+                              threads_per_worker=c.threads_per_worker, memory_limit=c.memory_limit)
+
+
+def test_ndvi_1024_float32_five_live_arrays_four_threads_is_84_mb():
+    # 1024 × 1024 px × 4 B = 4.19 MB a plane; NDVI holds red, nir, nir-red, nir+red and the quotient = 5 planes
+    # = 21.0 MB per task; 4 threads run 4 tasks at once = 83.9 MB.
+    spec = _spec()
+    plan = make_plan(spec, layout=_layout(spec))
+    report = plan.report
+    assert report.inputs.plane_bytes == 1024 * 1024 * 4
+    assert report.worst_stage.stage == "band ndvi"
+    assert report.worst_stage.planes == 5
+    assert report.peak_task_bytes * 4 == pytest.approx(83.9 * MB, rel=1e-3)
+    assert report.peak_per_worker == report.peak_task_bytes * 4 + budget.WORKER_BASELINE_BYTES
+    assert report.ok
+
+
+def test_masked_median_over_twelve_dates_hand_computed():
+    # plane = 12 dates × 512 × 512 × 4 B = 12.58 MB.
+    # load: red, nir, scl = 3 planes.
+    # mask "scl in (3, 8, 9, 10)": the OR-chain's temporaries vs 1 mask + 2 masked copies (red, nir) -> 3 + 3 = 6.
+    # ndvi: 3 loaded + 2 masked held + 3 live (two sums and the quotient) = 8.
+    # median: 3 + 2 + 1 (ndvi) held + 1.5 working copies = 7.5 planes.
+    # The band stage is the worst: 8 planes = 101 MB per task.
+    spec = _spec({
+        "source": {"stac": {**yaml.safe_load(BASE)["source"]["stac"], "max_items": 12},
+                   "assets": {"red": "red", "nir": "nir", "scl": "scl"}},
+        "chunks": {"time": -1, "y": 512, "x": 512},
+        "mask": "scl in (3, 8, 9, 10)",
+        "reduce": {"method": "median"},
+        "cluster": {"n_workers": 1, "threads_per_worker": 2, "memory_limit": "4GB", "gdal_cachemax": "256MB"},
+    })
+    report = make_plan(spec, layout=_layout(spec)).report
+    plane = 12 * 512 * 512 * 4
+    stages = {s.stage: s.planes for s in report.stages}
+    assert stages["load"] == 3
+    mask_live = budget.pipeline_shape(spec).mask.live_arrays
+    assert stages["mask"] == 3 + max(mask_live - 1, 3)
+    assert stages["band ndvi"] == 8
+    assert stages["reduce median"] == 7.5
+    assert report.peak_task_bytes == 8 * plane
+    assert report.peak_per_worker == 8 * plane * 2 + 256 * MB + budget.WORKER_BASELINE_BYTES
+
+
+def test_unused_assets_are_not_loaded():
+    spec = _spec({"source": {"stac": yaml.safe_load(BASE)["source"]["stac"],
+                             "assets": {"red": "red", "nir": "nir", "scl": "scl", "blue": "blue"}}})
+    shape = budget.pipeline_shape(spec)
+    assert shape.assets_loaded == ("red", "nir")
+
+
+def test_float64_doubles_the_estimate():
+    small = make_plan(_spec(), layout=_layout(_spec())).report
+    big_spec = _spec({"grid": {"crs": "EPSG:32633", "resolution": 10, "bounds": [0, 0, 81920, 81920],
+                               "dtype": "float64"}})
+    big = make_plan(big_spec, layout=_layout(big_spec)).report
+    assert big.peak_task_bytes == 2 * small.peak_task_bytes
+    assert any("float64" in w for w in big.warnings)
+
+
+def test_task_count_grows_with_smaller_chunks():
+    a = make_plan(_spec(), layout=_layout(_spec())).report.task_count
+    spec = _spec({"chunks": {"time": -1, "y": 512, "x": 512}})
+    b = make_plan(spec, layout=_layout(spec)).report.task_count
+    assert b > 3.5 * a
+
+
+def test_too_many_tasks_refused_with_a_chunk_that_fixes_it():
+    spec = _spec({"grid": {"crs": "EPSG:32633", "resolution": 10, "bounds": [0, 0, 1_000_000, 1_000_000]},
+                  "chunks": {"time": -1, "y": 128, "x": 128}})
+    report = make_plan(spec, layout=_layout(spec)).report
+    assert not report.ok
+    assert any("tasks" in r and "chunks.y = chunks.x =" in r for r in report.refusals)
+
+
+CLASSIC_TIME_CHUNKED = BASE.replace("max_items: 1", "max_items: 40").replace(
+    "chunks: {time: -1, y: 1024, x: 1024}", "chunks: {time: 10, y: 1024, x: 1024}"
+) + "reduce: {method: median}\n"
+
+CLASSIC_FLOAT64 = (
+    BASE.replace("max_items: 1", "max_items: 10")
+    .replace("dtype: float32", "dtype: float64")
+    .replace("chunks: {time: -1, y: 1024, x: 1024}", "chunks: {time: -1, y: 4096, x: 4096}")
+    + "reduce: {method: median}\n"
+)
+
+
+@pytest.mark.parametrize("text,needle", [
+    (CLASSIC_TIME_CHUNKED, "chunks.time=10 splits time"),
+    (CLASSIC_FLOAT64, "over budget: the band ndvi stage holds 5 planes"),
+])
+def test_classic_failures_exit_3_before_anything_is_read(tmp_path, text, needle):
+    # The catalog points at a file that does not exist: exit 3 proves nothing was searched or read.
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 3, result.output
+    assert needle in result.output
+    assert "fixes (each passes the check)" in result.output
+    assert "Traceback" not in result.output
+    assert f"{path}:12:1" in result.output  # points at the chunks line
+
+
+def test_float64_refusal_names_formula_with_numbers(tmp_path):
+    loaded = load_spec_text(CLASSIC_FLOAT64, path=tmp_path / "s.yaml")
+    with pytest.raises(BudgetExceededError) as info:
+        static_check(loaded)
+    message = str(info.value)
+    # 10 dates × 4096² × 8 B = 1.34 GB a plane
+    assert "10×4096×4096 float64 (1.34 GB)" in message
+    assert "× 4 thread(s)" in message
+    assert "0.5 × 4 GB limit = 2 GB" in message
+
+
+@pytest.mark.parametrize("text", [CLASSIC_TIME_CHUNKED, CLASSIC_FLOAT64])
+def test_each_suggested_fix_passes_when_applied(tmp_path, text):
+    loaded = load_spec_text(text, path=tmp_path / "s.yaml")
+    plan = make_plan(loaded.spec)
+    assert not plan.report.ok
+    assert plan.report.fixes
+    for fix in plan.report.fixes:
+        data = loaded.spec.model_dump(mode="python")
+        for section, values in fix.patch.items():
+            data[section] = {**data[section], **values}
+        fixed = Spec.model_validate(data)
+        report = make_plan(fixed).report
+        assert report.ok, (fix.description, report.refusals)
+        assert report.peak_per_worker == fix.peak_per_worker
+
+
+def test_largest_square_chunk_is_the_largest():
+    loaded = load_spec_text(CLASSIC_FLOAT64)
+    plan = make_plan(loaded.spec)
+    chunk_fix = next(f for f in plan.report.fixes if "largest square" in f.description)
+    side = chunk_fix.patch["chunks"]["y"]
+    assert side % 256 == 0
+    data = loaded.spec.model_dump(mode="python")
+    data["chunks"].update(y=side + 256, x=side + 256, time=-1)
+    assert not make_plan(Spec.model_validate(data)).report.ok
+
+
+def test_plan_json_shape_is_stable():
+    report = make_plan(_spec(), layout=_layout(_spec())).report
+    keys = set(report.to_dict())
+    assert keys == {
+        "ok", "grid_shape", "n_time", "time_source", "chunk_shape", "dtype", "plane_bytes", "task_count", "stages",
+        "worst_stage", "peak_task_bytes", "threads_per_worker", "n_workers", "gdal_cachemax", "baseline_bytes",
+        "peak_per_worker", "memory_limit", "limit_source", "max_fraction", "fraction_of_limit", "refusals",
+        "warnings", "fixes",
+    }
+    json.dumps(report.to_dict())
+
+
+def test_on_exceed_warn_runs_with_a_warning(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(CLASSIC_FLOAT64 + "budget: {on_exceed: warn}\n")
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "over budget" in result.output
+
+
+def test_sizing_rule():
+    machine = MachineInfo(cores=8, memory_bytes=64 * 2**30)
+    layout = size_local_cluster(machine, threads_per_worker=2)
+    # reserve = 20% of 64 GiB = 12.8 GiB; usable 51.2 GiB over 4 workers (8 cores / 2 threads)
+    assert layout.n_workers == 4
+    assert layout.memory_limit == pytest.approx(64 * 2**30 * 0.8 / 4, rel=1e-6)
+    small = size_local_cluster(MachineInfo(cores=16, memory_bytes=4 * 2**30))
+    # 4 GiB - 1 GiB reserve = 3 GiB: at most 3 workers of >= 1 GiB, not 16
+    assert small.n_workers == 3
+    assert small.memory_limit >= 2**30
+
+
+def test_every_example_pipeline_passes_the_static_check():
+    from pathlib import Path
+
+    for path in sorted(Path(__file__).parent.parent.joinpath("pipelines").glob("*.yaml")):
+        report = static_check(load_spec(path))
+        assert report.ok, (path, report.refusals)
