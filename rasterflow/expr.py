@@ -54,7 +54,7 @@ _ALLOWED = (
     "allowed: numbers, input names, + - * / ** %, unary - + ~, comparisons < <= > >= == !=, & | << >>, "
     "and/or/not, x in (1, 2, ...), and the functions " + ", ".join(sorted(ALLOWED_FUNCTIONS))
 )
-_BLANKS = str.maketrans("\t\n\r", "   ")  # one for one, so offsets stay valid in the one-line display
+_UNPRINTABLE = {"\t": " ", "\n": " ", "\r": " "}  # shown one for one, so the caret's offset stays valid
 _NEWLINE = re.compile(r"\r\n|\r|\n")
 
 
@@ -196,7 +196,8 @@ class _Source:
             start, stop = max(0, offset - 60), min(len(self.text), offset + 20)
             prefix, suffix = ("..." if start else ""), ("..." if stop < len(self.text) else "")
             shown, caret = prefix + self.text[start:stop] + suffix, offset - start + len(prefix)
-        return ExpressionError(f"invalid {self.what}: {problem}", shown.translate(_BLANKS), caret, hint)
+        shown = "".join(char if char.isprintable() else _UNPRINTABLE.get(char, "\ufffd") for char in shown)
+        return ExpressionError(f"invalid {self.what}: {problem}", shown, caret, hint)
 
 
 def _known_names_hint(known: frozenset[str], name: str | None) -> str:
@@ -286,7 +287,7 @@ class _Checker:
             kind = {str: "text", bytes: "bytes", complex: "a complex number"}.get(type(value), repr(value))
             raise self.fail(f"{kind} is not allowed", offset)
         if type(value) is int and abs(value) > _MAX_INT_LITERAL:
-            raise self.fail(f"the integer is too large (the limit is 2**63)", offset)
+            raise self.fail("the integer is too large (the limit is 2**63)", offset)
         if not math.isfinite(value):
             raise self.fail("the number is out of range", offset)
         return False
@@ -309,10 +310,10 @@ class _Checker:
             raise self.fail(f"the operator '{symbol}' is not allowed", op_offset)
         left_reads, right_reads = self.check(node.left), self.check(node.right)
         if isinstance(node.op, (ast.Pow, ast.LShift, ast.RShift)):
-            self._check_power(node, left_reads, right_reads)
+            self._check_exponent(node, left_reads, right_reads)
         return left_reads or right_reads
 
-    def _check_power(self, node: ast.BinOp, left_reads: bool, right_reads: bool) -> None:
+    def _check_exponent(self, node: ast.BinOp, left_reads: bool, right_reads: bool) -> None:
         # Constants are Python ints at evaluation, of unbounded size: 2 ** 10 ** 10 would never finish.
         word = "exponent" if isinstance(node.op, ast.Pow) else "shift"
         amount = _signed_literal(node.right)
@@ -353,6 +354,7 @@ class _Checker:
     def _call(self, node: ast.Call) -> bool:
         func = node.func
         if not isinstance(func, ast.Name):
+            self.check(func)  # says "attribute access is not allowed" for nir.clip(0, 1), and so on
             raise self.fail("only these functions can be called: " + ", ".join(sorted(ALLOWED_FUNCTIONS)),
                             self.source.start(func))
         offset = self.source.start(func)
@@ -492,18 +494,19 @@ class _ArrayOps:
 
     @staticmethod
     def call(name: str, *args: Any) -> Any:
-        if name != "where":
-            return _python_scalar(_UFUNCS[name](*args), *args)
         modules = {_module_of(arg) for arg in args}
-        if "xarray" in modules:  # np.where would load xarray's data into memory
+        if name in ("where", "clip") and "xarray" in modules:  # np.where and np.clip would load the data
             import xarray
 
-            return xarray.where(*args)
-        if "dask" in modules:
+            if name == "where":
+                return xarray.where(*args)
+            return xarray.apply_ufunc(np.clip, *args, dask="allowed", keep_attrs=True)
+        if name == "where" and "dask" in modules:
             import dask.array
 
             return dask.array.where(*args)
-        return _python_scalar(np.where(*args), *args)
+        function = np.where if name == "where" else _UFUNCS[name]
+        return _python_scalar(function(*args), *args)
 
 
 _ARRAY_OPS = _ArrayOps()
@@ -516,24 +519,20 @@ class _LiveCount:
 
 
 class _StandIn:
-    """An array-sized value during the liveness analysis; CPython frees it exactly when a real array would be."""
+    """A value in the liveness analysis. An array-sized one (``count`` set) is alive from its creation until CPython
+    frees it, which is exactly when the real array is freed, because the evaluator's code is the same."""
 
     __slots__ = ("count", "boolean")
 
-    def __init__(self, count: _LiveCount, boolean: bool):
+    def __init__(self, count: _LiveCount | None, boolean: bool):
         self.count, self.boolean = count, boolean
-        count.alive += 1
-        count.peak = max(count.peak, count.alive)
+        if count is not None:
+            count.alive += 1
+            count.peak = max(count.peak, count.alive)
 
     def __del__(self) -> None:
-        self.count.alive -= 1
-
-
-class _ScalarStandIn:
-    __slots__ = ("boolean",)
-
-    def __init__(self, boolean: bool):
-        self.boolean = boolean
+        if self.count is not None:
+            self.count.alive -= 1
 
 
 class _CountingOps:
@@ -542,13 +541,12 @@ class _CountingOps:
     def __init__(self, count: _LiveCount):
         self.count = count
 
-    def _result(self, boolean: bool, *operands: Any) -> Any:
-        if any(isinstance(operand, _StandIn) for operand in operands):
-            return _StandIn(self.count, boolean)
-        return _ScalarStandIn(boolean)
+    def _result(self, boolean: bool, *operands: Any) -> _StandIn:
+        is_array = any(isinstance(operand, _StandIn) and operand.count is not None for operand in operands)
+        return _StandIn(self.count if is_array else None, boolean)
 
-    def literal(self, value: int | float) -> Any:
-        return _ScalarStandIn(False)
+    def literal(self, value: int | float) -> _StandIn:
+        return _StandIn(None, False)
 
     def binary(self, op: type, left: Any, right: Any) -> Any:
         return self._result(op in (ast.BitAnd, ast.BitOr) and left.boolean and right.boolean, left, right)

@@ -34,7 +34,8 @@ The scenes
   bands and SCL are 0.
 * ``eo:cloud_cover`` is the percentage of *valid* pixels (SCL != 0) that are SCL 8, 9 or 10, rounded to 2
   decimals (0 if an item has no valid pixel). Cloud amounts are drawn per date so that about a quarter of the
-  dates (at least one, when there are two or more dates) are above 40 % and the rest below.
+  dates (at least one, when there are two or more dates) are 60-85 % cloudy over the mosaic and the rest 0-28 %
+  (single tiles of a multi-tile mosaic vary around that).
 * Items also carry ``platform`` (sentinel-2a on even date indices, sentinel-2b on odd ones), ``constellation``,
   ``s2:mgrs_tile`` (e.g. ``33UUU``), the ``s2:*_percentage`` statistics of Earth Search, ``proj:epsg`` (what
   stackstac 0.5.1 reads) and ``proj:code``, ``proj:shape``, ``proj:transform``, ``proj:bbox`` (item and asset
@@ -88,7 +89,9 @@ ACQUISITION_TIME = "10:05:00"
 GENERATOR_VERSION = 1
 
 STAC_VERSION = "1.0.0"
-EXT_PROJ = "https://stac-extensions.github.io/projection/v1.1.0/schema.json"
+# v1.2.0 is the one projection version that defines both proj:epsg (read by stackstac 0.5.1) and proj:code
+# (v1.0/v1.1 schemas reject proj:code, v2.0 rejects proj:epsg).
+EXT_PROJ = "https://stac-extensions.github.io/projection/v1.2.0/schema.json"
 EXT_RASTER = "https://stac-extensions.github.io/raster/v1.1.0/schema.json"
 EXT_EO = "https://stac-extensions.github.io/eo/v1.1.0/schema.json"
 STAC_EXTENSIONS = [EXT_EO, EXT_PROJ, EXT_RASTER]
@@ -435,7 +438,6 @@ _PURPOSES = {
     "cloud": 9,
     "cirrus": 10,
     "noise": 11,
-    "urban": 12,
 }
 
 
@@ -558,9 +560,9 @@ def _make_tile(params: dict, row: int, col: int) -> _Tile:
     u, v = gcols / size, grows / size
 
     # land cover: forest (high), built-up (low), agriculture in between
-    landscape = _field(_waves(_rng(seed, "landscape"), 14, 0.35, 3.0, beta=0.8), u, v)
-    forest = _sigmoid((landscape - 0.75) / 0.06)
-    urban = _sigmoid((-0.85 - landscape) / 0.06)
+    landscape = _field(_waves(_rng(seed, "landscape"), 16, 0.7, 4.0, beta=0.6), u, v)
+    forest = _sigmoid((landscape - 0.7) / 0.06)
+    urban = _sigmoid((-0.95 - landscape) / 0.06)
     agri = np.clip(1.0 - forest - urban, 0.0, 1.0)
 
     # agricultural parcels: a rotated grid, per-parcel crop parameters from a hash of the parcel index
@@ -572,8 +574,10 @@ def _make_tile(params: dict, row: int, col: int) -> _Tile:
     b = vv * np.float32(math.cos(angle)) - uu * np.float32(math.sin(angle))
     fa, fb = a / np.float32(width_a), b / np.float32(width_b)
     ia, ib = np.floor(fa), np.floor(fb)
-    margin = np.float32(0.6 / (width_a * size))  # ~0.6 pixel wide margins
-    edge = ((fa - ia) < margin * 2) | ((fb - ib) < margin * 2 * width_a / width_b)
+    if width_a * size >= 24:  # green field margins about 1 pixel wide, where parcels are big enough to show them
+        edge = ((fa - ia) < np.float32(1.0 / (width_a * size))) | ((fb - ib) < np.float32(1.0 / (width_b * size)))
+    else:
+        edge = np.zeros(fa.shape, dtype=bool)
     h_amp, h_shift, h_crop, h_harvest = _hash_uniform(ia, ib, seed, 4)
     del a, b, fa, fb, ia, ib
     parcel_amp = 0.55 + 0.45 * h_amp
@@ -790,14 +794,20 @@ def _cog_compression() -> str:
     """ZSTD when this GDAL has it, else DEFLATE."""
     import rasterio
     from rasterio.io import MemoryFile
+    from rasterio.transform import Affine
+
+    def probe(compress: str) -> None:
+        with MemoryFile() as mem:
+            with mem.open(driver="GTiff", width=16, height=16, count=1, dtype="uint8", compress=compress,
+                          crs=CRS, transform=Affine(RESOLUTION, 0.0, X0, 0.0, -RESOLUTION, Y0)) as ds:
+                ds.write(np.zeros((1, 16, 16), dtype=np.uint8))
 
     try:
-        with rasterio.Env(CPL_LOG="/dev/null"), MemoryFile() as mem:
-            with mem.open(driver="GTiff", width=16, height=16, count=1, dtype="uint8", compress="ZSTD",
-                          crs=CRS, transform=(10.0, 0.0, X0, 0.0, -10.0, Y0)) as ds:
-                ds.write(np.zeros((1, 16, 16), dtype=np.uint8))
+        with rasterio.Env(CPL_LOG=os.devnull):
+            probe("ZSTD")
         return "ZSTD"
-    except Exception:  # noqa: BLE001 - any failure means: no usable ZSTD
+    except Exception:  # noqa: BLE001 - GDAL without the ZSTD codec
+        probe("DEFLATE")  # a failure here is a real error: let it surface
         return "DEFLATE"
 
 
@@ -831,7 +841,7 @@ def _write_cog(path: Path, data: np.ndarray, transform, blocksize: int, compress
 
 def _generate(directory: Path, params: dict) -> SampleCatalog:
     from pyproj import Transformer
-    from rasterio.transform import from_origin
+    from rasterio.transform import Affine
 
     to_wgs84 = Transformer.from_crs(EPSG, 4326, always_xy=True)
     size, blocksize = params["size"], params["blocksize"]
@@ -851,7 +861,7 @@ def _generate(directory: Path, params: dict) -> SampleCatalog:
             for c in range(cols):
                 tile = _make_tile(params, r, c)
                 minx, miny, maxx, maxy = _tile_bounds(params, r, c)
-                transform = from_origin(minx, maxy, RESOLUTION, RESOLUTION)
+                transform = Affine(RESOLUTION, 0.0, minx, 0.0, -RESOLUTION, maxy)
                 proj_transform = [float(v) for v in tuple(transform)[:6]]
                 _, full_bbox = _to_wgs84(to_wgs84, _footprint(params, r, c, cut=False))
                 tile_bboxes.append(full_bbox)

@@ -14,7 +14,6 @@ import time
 import tracemalloc
 from pathlib import Path
 
-import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -119,17 +118,19 @@ HOSTILE = [
 def _tripwires():
     """Record any call that would run code: os.system, open, eval, exec, imports, compiling to bytecode."""
     calls: list[tuple[str, object]] = []
+    armed = [True]  # disarmed before MonkeyPatch undoes the patches, which may import
     real_import, real_compile = builtins.__import__, builtins.compile
 
     def recorder(name):
-        return lambda *args, **kwargs: calls.append((name, args))
+        return lambda *args, **kwargs: calls.append((name, args)) if armed else None
 
     def recording_import(name, *args, **kwargs):
-        calls.append(("import", name))
+        if armed:
+            calls.append(("import", name))
         return real_import(name, *args, **kwargs)
 
     def recording_compile(source, filename, mode, flags=0, *args, **kwargs):
-        if not flags & ast.PyCF_ONLY_AST:  # ast.parse itself compiles to a tree only, which is the point
+        if armed and not flags & ast.PyCF_ONLY_AST:  # ast.parse compiles to a tree only, which is the point
             calls.append(("compile", source))
         return real_compile(source, filename, mode, flags, *args, **kwargs)
 
@@ -139,9 +140,26 @@ def _tripwires():
         patch.setattr(subprocess, "Popen", recorder("Popen"))
         for name in ("open", "eval", "exec"):
             patch.setattr(builtins, name, recorder(name))
-        patch.setattr(builtins, "__import__", recording_import)
         patch.setattr(builtins, "compile", recording_compile)
-        yield calls
+        patch.setattr(builtins, "__import__", recording_import)  # last: MonkeyPatch.setattr itself imports
+        try:
+            yield calls
+        finally:
+            armed.clear()
+
+
+def test_tripwires_fire():
+    with _tripwires() as calls:
+        os.system("true")
+        open("/nonexistent")
+        __import__("json")
+        compile("1", "<test>", "eval")
+    assert [name for name, _ in calls] == ["os.system", "open", "import", "compile"]
+
+
+def _as_shown(text: str) -> str:
+    """The one-line form an error message shows: newlines and tabs as spaces, other control characters as U+FFFD."""
+    return "".join(c if c.isprintable() else (" " if c in "\t\n\r" else "\ufffd") for c in text)
 
 
 def _reject(text: str, known=KNOWN, **kwargs) -> ExpressionError:
@@ -160,7 +178,11 @@ def _caret_column(err: ExpressionError) -> int:
     return len(caret_line) - 1 - 4
 
 
-@pytest.mark.parametrize("text", HOSTILE, ids=lambda text: repr(text[:40]) + (f"..[{len(text)}]" if len(text) > 40 else ""))
+def _short_id(text: str) -> str:
+    return repr(text[:40]) + (f"..[{len(text)}]" if len(text) > 40 else "")
+
+
+@pytest.mark.parametrize("text", HOSTILE, ids=_short_id)
 def test_hostile_expression_is_rejected_fast_and_runs_nothing(text):
     error = None
     with _tripwires() as calls:
@@ -181,7 +203,7 @@ def test_hostile_expression_is_rejected_fast_and_runs_nothing(text):
     column = _caret_column(error)
     assert column == error.offset
     if len(text) <= MAX_EXPRESSION_LENGTH:
-        assert error.expression == text.translate(str.maketrans("\t\n\r", "   "))
+        assert error.expression == _as_shown(text)
         assert 0 <= column <= len(text)
     else:  # a long text is shown as the neighbourhood of the caret
         assert error.expression.strip(".") in text and len(error.expression) < 100
@@ -436,7 +458,10 @@ REFERENCE = [
     ("nir < red < scl != 4", lambda b: (b["nir"] < b["red"]) & (b["red"] < b["scl"]) & (b["scl"] != 4)),
     ("nir > red and not isnan(scl)", lambda b: (b["nir"] > b["red"]) & ~np.isnan(b["scl"])),
     ("nir > 0.5 or red > 0.5 or scl", lambda b: (b["nir"] > 0.5) | (b["red"] > 0.5) | (b["scl"] != 0)),
-    ("sqrt(abs(nir - red)) + exp(-nir) - log(nir)", lambda b: np.sqrt(np.abs(b["nir"] - b["red"])) + np.exp(-b["nir"]) - np.log(b["nir"])),
+    (
+        "sqrt(abs(nir - red)) + exp(-nir) - log(nir)",
+        lambda b: np.sqrt(np.abs(b["nir"] - b["red"])) + np.exp(-b["nir"]) - np.log(b["nir"]),
+    ),
     ("minimum(nir, red) * maximum(nir, 0.5)", lambda b: np.minimum(b["nir"], b["red"]) * np.maximum(b["nir"], 0.5)),
     ("nir ** 2 + red ** 0.5 % 0.3 - 2 ** -1", lambda b: b["nir"] ** 2 + b["red"] ** 0.5 % 0.3 - 0.5),
     ("2 ** nir", lambda b: 2**b["nir"]),
@@ -459,11 +484,13 @@ def test_evaluation_matches_numpy(text, reference):
     np.testing.assert_allclose(result, expected, rtol=1e-6, equal_nan=True)
 
 
-@pytest.mark.parametrize(
-    "text",
-    ["nir * 2", "nir / 10000", "nir + 0.5", "nir - 3", "nir ** 2", "nir % 3", "-nir", "sqrt(nir)", "abs(nir)",
-     "clip(nir, 0, 1)", "minimum(nir, 1)", "where(nir > 0.2, nir, 0)", "(nir - red) / (nir + red)", "nir * (1 / 3)"],
-)  # fmt: skip
+FLOAT32_ARITHMETIC = [
+    "nir * 2", "nir / 10000", "nir + 0.5", "nir - 3", "nir ** 2", "nir % 3", "-nir", "sqrt(nir)", "abs(nir)",
+    "clip(nir, 0, 1)", "minimum(nir, 1)", "where(nir > 0.2, nir, 0)", "(nir - red) / (nir + red)", "nir * (1 / 3)",
+]
+
+
+@pytest.mark.parametrize("text", FLOAT32_ARITHMETIC)
 @pytest.mark.parametrize("backend", ["numpy", "dask", "xarray"])
 def test_float32_stays_float32(text, backend):
     bands = {name: _BACKENDS[backend](array) for name, array in _bands().items()}
@@ -509,7 +536,7 @@ def _outcomes(expr: Expression, bands: dict) -> dict:
         try:
             with np.errstate(all="ignore"):
                 outcomes[backend] = _materialise(expr.evaluate({k: convert(v) for k, v in bands.items()}))
-        except Exception as exc:  # noqa: BLE001 -- compared across backends below
+        except Exception as exc:  # any failure: compared across backends below
             outcomes[backend] = exc
     return outcomes
 
@@ -531,26 +558,19 @@ def _assert_backends_agree(expr: Expression, bands: dict) -> None:
 _NUMBERS = st.sampled_from(["1", "2", "3", "0.5", "1.5", "10"])
 
 
-def _boolean_expressions(numeric):
-    comparison_operator = st.sampled_from(["<", "<=", ">", ">=", "==", "!="])
-    comparison = st.tuples(numeric, comparison_operator, numeric).map(" ".join)
-    chain = st.tuples(numeric, comparison_operator, numeric, comparison_operator, numeric).map(" ".join)
-    membership = st.tuples(numeric, st.sampled_from(["in", "not in"]), st.lists(_NUMBERS, min_size=1, max_size=3)).map(
-        lambda t: f"({t[0]}) {t[1]} ({', '.join(t[2])},)"
-    )
-    base = st.one_of(comparison, chain, membership, numeric.map(lambda x: f"isnan({x})"))
-    return st.recursive(
-        base,
-        lambda inner: st.one_of(
-            st.tuples(inner, st.sampled_from(["and", "or", "&", "|"]), inner).map(lambda t: f"({t[0]}) {t[1]} ({t[2]})"),
-            inner.map(lambda x: f"not ({x})"),
-            inner.map(lambda x: f"~({x})"),
-        ),
-        max_leaves=3,
-    )
+_COMPARISON_OPERATORS = st.sampled_from(["<", "<=", ">", ">=", "==", "!="])
 
 
-def _numeric_extensions(children):
+def _conditions(numeric):
+    """Comparisons, chains, membership and isnan of numeric expressions."""
+    comparison = st.tuples(numeric, _COMPARISON_OPERATORS, numeric).map(" ".join)
+    chain = st.tuples(numeric, _COMPARISON_OPERATORS, numeric, _COMPARISON_OPERATORS, numeric).map(" ".join)
+    values = st.lists(_NUMBERS, min_size=1, max_size=3).map(lambda v: f"({', '.join(v)},)")
+    membership = st.tuples(numeric, st.sampled_from(["in", "not in"]), values).map(lambda t: f"({t[0]}) {t[1]} {t[2]}")
+    return st.one_of(comparison, chain, membership, numeric.map(lambda x: f"isnan({x})"))
+
+
+def _numeric_extensions(children, *, with_where=True):
     return st.one_of(
         st.tuples(children, st.sampled_from(["+", "-", "*", "/", "%"]), children).map(lambda t: f"({' '.join(t)})"),
         st.tuples(children, st.sampled_from(["2", "3", "0.5", "-1"])).map(lambda t: f"({t[0]}) ** {t[1]}"),
@@ -558,12 +578,22 @@ def _numeric_extensions(children):
         st.tuples(st.sampled_from(["sqrt", "log", "exp", "abs"]), children).map(lambda t: f"{t[0]}({t[1]})"),
         st.tuples(st.sampled_from(["minimum", "maximum"]), children, children).map(lambda t: f"{t[0]}({t[1]}, {t[2]})"),
         st.tuples(children, _NUMBERS, _NUMBERS).map(lambda t: f"clip({t[0]}, {t[1]}, {t[2]})"),
-        st.tuples(_boolean_expressions(children), children, children).map(lambda t: f"where({t[0]}, {t[1]}, {t[2]})"),
+        *([st.tuples(_conditions(children), children, children).map(lambda t: f"where({t[0]}, {t[1]}, {t[2]})")]
+          if with_where else []),
     )
 
 
 _NUMERIC = st.recursive(st.one_of(st.sampled_from(["a", "b", "c"]), _NUMBERS), _numeric_extensions, max_leaves=8)
-_EXPRESSIONS = st.one_of(_NUMERIC, _boolean_expressions(_NUMERIC)).filter(lambda text: re.search(r"\b[abc]\b", text))
+_BOOLEAN = st.recursive(
+    _conditions(_NUMERIC),
+    lambda inner: st.one_of(
+        st.tuples(inner, st.sampled_from(["and", "or", "&", "|"]), inner).map(lambda t: f"({t[0]}) {t[1]} ({t[2]})"),
+        inner.map(lambda x: f"not ({x})"),
+        inner.map(lambda x: f"~({x})"),
+    ),
+    max_leaves=3,
+)
+_EXPRESSIONS = st.one_of(_NUMERIC, _BOOLEAN).filter(lambda text: re.search(r"\b[abc]\b", text))
 
 
 def _float_bands():
@@ -581,6 +611,33 @@ def test_random_expressions_agree_across_numpy_dask_and_xarray(text):
     except ExpressionError:
         assume(False)  # e.g. (1 + 2) ** 2: a constant power with a non-literal base
     _assert_backends_agree(expr, _float_bands())
+
+
+_FLOAT_ONLY = st.recursive(
+    st.one_of(st.sampled_from(["a", "b", "c"]), _NUMBERS),
+    lambda children: _numeric_extensions(children, with_where=False),  # every temporary is a float64 array
+    max_leaves=10,
+).filter(lambda text: re.search(r"\b[abc]\b", text))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(_FLOAT_ONLY)
+def test_random_live_arrays_match_numpy_memory(text):
+    try:
+        expr = parse_expression(text, "abc")
+    except ExpressionError:
+        assume(False)
+    size = 2**15
+    env = {name: np.linspace(-3, 3, size) + index for index, name in enumerate("abc")}  # float64
+    tracemalloc.start()
+    try:
+        expr.evaluate(env)
+        peak = tracemalloc.get_traced_memory()[1]
+    except ExpressionError:
+        assume(False)  # a constant 1 / (1 - 1)
+    finally:
+        tracemalloc.stop()
+    assert round(peak / (size * 8)) == expr.live_arrays - len(expr.names)
 
 
 _INT_LEAVES = st.one_of(st.sampled_from(["q", "r"]), st.sampled_from(["0", "1", "3", "7"]))
@@ -636,8 +693,12 @@ def _assert_lazy(expr: Expression, names) -> None:
     assert isinstance(result, da.Array)
     wrapped = expr.evaluate({name: xr.DataArray(array, dims=("y", "x")) for name, array in env.items()})
     assert isinstance(wrapped, xr.DataArray) and isinstance(wrapped.data, da.Array)
+
+
+def test_the_exploding_array_does_explode():
+    result = parse_expression("nir * 2", ("nir",)).evaluate({"nir": _exploding()})
     with pytest.raises(AssertionError, match="a chunk was computed"):
-        result.compute(scheduler="synchronous")  # the tripwire itself works
+        result.compute(scheduler="synchronous")
 
 
 @pytest.mark.parametrize("text", [text for text, _ in REFERENCE if "qa" not in text])
@@ -646,7 +707,8 @@ def test_reference_expressions_stay_lazy(text):
 
 
 def test_where_with_xarray_keeps_coordinates():
-    nir = xr.DataArray(da.from_array(np.arange(4, dtype=np.float32), chunks=2), dims="x", coords={"x": [10, 20, 30, 40]})
+    data = da.from_array(np.arange(4, dtype=np.float32), chunks=2)
+    nir = xr.DataArray(data, dims="x", coords={"x": [10, 20, 30, 40]})
     result = parse_expression("where(nir > 1, nir, 0)", ("nir",)).evaluate({"nir": nir})
     assert isinstance(result.data, da.Array)
     assert list(result.x.values) == [10, 20, 30, 40]
