@@ -1,0 +1,448 @@
+"""The run report: what ran, on what, predicted versus measured memory, timings and outputs (one JSON per run).
+
+Like dbt's ``run_results.json``: written after every run that got as far as knowing its output, successful or not,
+atomically, so a cron job or CI never reads half a file. :func:`plot_memory` draws the memory samples against the
+worker's thresholds and the budget's prediction.
+
+Light to import: no dask, no matplotlib, no numpy at import time (matplotlib is imported by :func:`plot_memory`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import re
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from rasterflow.units import format_bytes
+
+__all__ = [
+    "RunReport",
+    "StageTimer",
+    "default_report_path",
+    "library_versions",
+    "thin_samples",
+    "memory_plot_data",
+    "plot_memory",
+    "STATUS_BY_EXIT_CODE",
+    "MAX_MEMORY_SAMPLES",
+    "DEFAULT_THRESHOLDS",
+]
+
+STATUS_BY_EXIT_CODE = {0: "ok", 1: "failed", 2: "invalid", 3: "over_budget"}
+"""``status`` for each process exit code (:class:`rasterflow.errors.ExitCode`)."""
+
+MAX_MEMORY_SAMPLES = 2000
+"""Memory samples kept in a report; longer runs are thinned, keeping each window's peak."""
+
+DEFAULT_THRESHOLDS = {"target": 0.6, "spill": 0.7, "pause": 0.8, "terminate": 0.95}
+
+CLIENT = "client"
+"""The ``worker`` value of samples taken in the client process (as in :mod:`rasterflow.cluster`)."""
+
+_DISTRIBUTIONS = {
+    "numpy": "numpy",
+    "dask": "dask",
+    "distributed": "distributed",
+    "xarray": "xarray",
+    "rasterio": "rasterio",
+    "stackstac": "stackstac",
+    "pystac_client": "pystac-client",
+    "zarr": "zarr",
+}
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _gdal_version() -> str | None:
+    """GDAL's version without importing rasterio when it is not loaded yet.
+
+    From rasterio if it is already imported; else from the name of the libgdal bundled in the rasterio wheel
+    (``rasterio.libs/libgdal-<hash>.so.<abi>.<x.y.z>``); else from an installed ``GDAL`` (osgeo) distribution.
+    """
+    rasterio = sys.modules.get("rasterio")
+    if rasterio is not None and getattr(rasterio, "__gdal_version__", None):
+        return str(rasterio.__gdal_version__)
+    import importlib.metadata as md
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("rasterio")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.origin:
+        libs = Path(spec.origin).parent.parent / "rasterio.libs"
+        if libs.is_dir():
+            for lib in sorted(libs.iterdir()):
+                match = re.match(r"libgdal[-.].*\.so\.\d+\.(\d+\.\d+\.\d+)$", lib.name)
+                if match:
+                    return match.group(1)
+    try:
+        return md.version("GDAL")
+    except md.PackageNotFoundError:
+        return None
+
+
+def library_versions() -> dict[str, str | None]:
+    """Versions of the stack, from package metadata (nothing heavy is imported); None when not installed."""
+    import importlib.metadata as md
+
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for key, dist in _DISTRIBUTIONS.items():
+        try:
+            versions[key] = md.version(dist)
+        except md.PackageNotFoundError:
+            versions[key] = None
+    versions["gdal"] = _gdal_version()
+    order = ["python", "numpy", "dask", "distributed", "xarray", "rasterio", "gdal", "stackstac", "pystac_client", "zarr"]
+    return {key: versions[key] for key in order}
+
+
+def default_report_path(output_path: str) -> str:
+    """``<output>.report.json`` next to the output (a trailing ``/`` of a ``.zarr`` directory is dropped)."""
+    return str(output_path).rstrip("/") + ".report.json"
+
+
+def thin_samples(samples: list[dict], max_points: int = MAX_MEMORY_SAMPLES) -> list[dict]:
+    """At most about ``max_points`` samples, keeping every series' shape and peaks.
+
+    Time is cut into equal windows; in each window each series (worker or client) keeps its highest-RSS sample.
+    Samples already under the cap are returned unchanged.
+    """
+    if len(samples) <= max_points or not samples:
+        return list(samples)
+    series = {s["worker"] for s in samples}
+    windows = max(1, max_points // max(1, len(series)))
+    t0 = min(s["t"] for s in samples)
+    span = max(s["t"] for s in samples) - t0 or 1.0
+    best: dict[tuple[str, int], dict] = {}
+    for s in samples:
+        index = min(windows - 1, int((s["t"] - t0) / span * windows))
+        key = (s["worker"], index)
+        kept = best.get(key)
+        if kept is None or max(s["rss"], s.get("rss_peak", 0)) > max(kept["rss"], kept.get("rss_peak", 0)):
+            best[key] = s
+    return sorted(best.values(), key=lambda s: (s["t"], s["worker"]))
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON values: tuples -> lists, Paths -> str, NumPy scalars -> Python, NaN/inf -> None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and type(value).__module__ == "numpy":
+        return _jsonable(value.item())
+    raise TypeError(f"cannot put {type(value).__name__} into a run report: {value!r}")
+
+
+@dataclass
+class RunReport:
+    """One run, as written to ``<output>.report.json``."""
+
+    rasterflow_version: str = ""
+    spec_path: str = ""
+    spec_sha256: str = ""
+    started_at: str = ""
+    """ISO 8601, UTC."""
+    finished_at: str | None = None
+    status: str = "failed"
+    """``ok`` | ``failed`` | ``invalid`` | ``over_budget`` (from the exit code)."""
+    exit_code: int | None = None
+    error: str | None = None
+    library_versions: dict[str, str | None] = field(default_factory=dict)
+    catalog: str | None = None
+    item_ids: list[str] = field(default_factory=list)
+    grid: dict[str, Any] = field(default_factory=dict)
+    """crs, bounds, shape, transform."""
+    chunks: dict[str, int] = field(default_factory=dict)
+    task_count: int | None = None
+    predicted_peak_per_worker: int | None = None
+    """The static budget's estimate, bytes."""
+    memory_limit: int | None = None
+    """Per-worker memory limit, bytes."""
+    measured_peak_per_worker: dict[str, int] = field(default_factory=dict)
+    """Worker address -> highest RSS seen, bytes."""
+    spilled_bytes: int = 0
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    """``{"path": ..., "bytes": ...}`` per file or store written."""
+    memory_samples: list[dict[str, Any]] = field(default_factory=list)
+    """``{"t", "worker", "rss", "managed", "spilled", ...}``; thinned to about :data:`MAX_MEMORY_SAMPLES`."""
+    stage_marks: list[list[Any]] = field(default_factory=list)
+    """``[t, stage]``: when each stage started, in the samples' clock."""
+    cluster: dict[str, Any] = field(default_factory=dict)
+    """address, n_workers, threads_per_worker, dashboard_link, is_local."""
+    name: str | None = None
+    """The spec's ``name`` (plot title); the spec file's stem when unset."""
+    memory_thresholds: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_THRESHOLDS))
+    """Worker thresholds as fractions of ``memory_limit`` (target, spill, pause, terminate)."""
+    client_peak: int | None = None
+    """Highest RSS of the client (driver) process, bytes."""
+
+    # ---- building -------------------------------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, **fields: Any) -> RunReport:
+        """A report for a run starting now: version, start time and library versions filled in."""
+        from rasterflow import __version__
+
+        fields.setdefault("rasterflow_version", __version__)
+        fields.setdefault("started_at", _now_iso())
+        fields.setdefault("library_versions", library_versions())
+        return cls(**fields)
+
+    def finish(self, exit_code: int, error: str | None = None) -> RunReport:
+        """Record the end: finish time, exit code and the status it means."""
+        self.finished_at = _now_iso()
+        self.exit_code = int(exit_code)
+        self.status = STATUS_BY_EXIT_CODE.get(int(exit_code), "failed")
+        if error is not None:
+            self.error = error
+        return self
+
+    def record_memory(self, sampler: Any, *, max_points: int = MAX_MEMORY_SAMPLES) -> RunReport:
+        """Take the measurements of a :class:`rasterflow.cluster.MemorySampler` (peaks from all samples)."""
+        self.measured_peak_per_worker = {str(k): int(v) for k, v in sampler.peak_per_worker().items()}
+        self.spilled_bytes = int(sampler.spilled_bytes_total())
+        self.memory_samples = thin_samples(list(sampler.samples), max_points)
+        self.stage_marks = [[float(t), str(name)] for t, name in sampler.marks]
+        client_peak = getattr(sampler, "client_peak", None)
+        if callable(client_peak):
+            self.client_peak = int(client_peak()) or None
+        return self
+
+    # ---- reading and writing ----------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(dataclasses.asdict(self))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunReport:
+        """Read back a report dict; unknown keys (from a newer rasterflow) are ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def from_json(cls, text: str) -> RunReport:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> RunReport:
+        return cls.from_json(Path(path).read_text())
+
+    def write(self, path: str | os.PathLike) -> Path:
+        """Write the JSON atomically: serialise first, write a temporary file beside ``path``, then rename."""
+        path = Path(path)
+        text = self.to_json()  # fails before anything is touched
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    # ---- summary ------------------------------------------------------------------------------------------------
+
+    @property
+    def title(self) -> str:
+        return self.name or (Path(self.spec_path).stem if self.spec_path else "rasterflow run")
+
+    def wall_seconds(self) -> float | None:
+        """Seconds from start to finish, when both are known."""
+        try:
+            start = datetime.fromisoformat(self.started_at.replace("Z", "+00:00"))
+            end = datetime.fromisoformat(str(self.finished_at).replace("Z", "+00:00"))
+        except (TypeError, ValueError):
+            return None
+        return (end - start).total_seconds()
+
+    def summary_lines(self) -> list[str]:
+        """A short human summary: status, outputs, time per stage, predicted vs measured peak, spilled bytes."""
+        status = f"status: {self.status}"
+        if self.exit_code is not None:
+            status += f" (exit {self.exit_code})"
+        if self.error:
+            status += f": {self.error}"
+        lines = [status]
+        for out in self.outputs:
+            size = out.get("bytes")
+            lines.append(f"output: {out.get('path')} ({format_bytes(size) if size is not None else 'size unknown'})")
+        if self.stage_seconds:
+            total = sum(self.stage_seconds.values())
+            parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.stage_seconds.items())
+            lines.append(f"time: {parts} (total {total:.1f} s)")
+        lines.extend(self._memory_lines())
+        if self.measured_peak_per_worker or self.spilled_bytes:
+            lines.append(
+                f"spilled to disk: {format_bytes(self.spilled_bytes)}"
+                + (" (memory pressure: halve the chunks or the threads)" if self.spilled_bytes else "")
+            )
+        return lines
+
+    def _memory_lines(self) -> list[str]:
+        predicted, measured, limit = self.predicted_peak_per_worker, self.measured_peak_per_worker, self.memory_limit
+        if not measured:
+            if predicted:
+                return [f"peak per worker: predicted {format_bytes(predicted)}, not measured"]
+            return []
+        worst_worker, worst = max(measured.items(), key=lambda kv: kv[1])
+        line = f"peak per worker: measured {format_bytes(worst)}"
+        if predicted:
+            line += f", predicted {format_bytes(predicted)} (measured/predicted {worst / predicted:.2f})"
+        if limit:
+            line += f", limit {format_bytes(limit)} ({worst / limit:.0%})"
+        lines = [line]
+        if len(measured) > 1:
+            lines.append(
+                "  per worker: " + ", ".join(f"{_short(w)} {format_bytes(b)}" for w, b in sorted(measured.items()))
+            )
+        return lines
+
+
+def _short(worker: str) -> str:
+    """``tcp://127.0.0.1:40575`` -> ``127.0.0.1:40575``."""
+    return worker.split("://", 1)[-1]
+
+
+class StageTimer:
+    """Wall time per stage, accumulated into a dict: ``with timer("compute"): ...``.
+
+    ``seconds`` is the dict (e.g. a report's ``stage_seconds``); a stage entered twice accumulates. ``on_start``
+    is called with the stage name on entry (e.g. ``MemorySampler.mark``) so stage boundaries appear in the plot.
+    """
+
+    def __init__(
+        self,
+        seconds: dict[str, float] | None = None,
+        *,
+        on_start: Callable[[str], Any] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.seconds = seconds if seconds is not None else {}
+        self.on_start = on_start
+        self.clock = clock
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        if self.on_start is not None:
+            self.on_start(name)
+        started = self.clock()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + (self.clock() - started), 6)
+
+    stage = __call__
+
+
+# ---- plotting -------------------------------------------------------------------------------------------------------
+
+
+def memory_plot_data(report: RunReport) -> dict[str, Any]:
+    """What :func:`plot_memory` draws, as plain lists (bytes and seconds).
+
+    ``series``: worker (and ``client``) -> ``{"t": [...], "rss": [...], "rss_peak": [...]}`` from the report's
+    samples in order; ``thresholds``: name -> bytes (memory_limit times each fraction, plus ``limit``);
+    ``predicted``: bytes or None; ``marks``: ``[(t, stage), ...]``.
+    """
+    series: dict[str, dict[str, list]] = {}
+    for s in report.memory_samples:
+        line = series.setdefault(str(s["worker"]), {"t": [], "rss": [], "rss_peak": []})
+        line["t"].append(float(s["t"]))
+        line["rss"].append(int(s["rss"]))
+        line["rss_peak"].append(int(s.get("rss_peak", s["rss"])))
+    thresholds: dict[str, int] = {}
+    if report.memory_limit:
+        fractions = {**DEFAULT_THRESHOLDS, **(report.memory_thresholds or {})}
+        thresholds = {name: int(report.memory_limit * fractions[name]) for name in DEFAULT_THRESHOLDS}
+        thresholds["limit"] = int(report.memory_limit)
+    return {
+        "series": series,
+        "thresholds": thresholds,
+        "predicted": report.predicted_peak_per_worker,
+        "marks": [(float(t), str(name)) for t, name in report.stage_marks],
+        "title": report.title,
+    }
+
+
+_THRESHOLD_STYLE = {
+    "target": ("tab:olive", ":"),
+    "spill": ("tab:orange", ":"),
+    "pause": ("tab:red", "--"),
+    "terminate": ("darkred", "-"),
+    "limit": ("black", "-"),
+}
+
+
+def plot_memory(report: RunReport, png_path: str | os.PathLike) -> Path:
+    """Save a PNG of RSS over time: one line per worker, the worker thresholds, the predicted peak, stage marks."""
+    # The Agg canvas on a bare Figure: no pyplot, no global backend switch, no display needed.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    data = memory_plot_data(report)
+    gb = 1e9
+    fig = Figure(figsize=(10, 5.5), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for worker, line in data["series"].items():
+        if worker == CLIENT:
+            ax.plot(line["t"], [v / gb for v in line["rss"]], color="grey", lw=1, ls="--", label="client (driver)")
+            continue
+        (drawn,) = ax.plot(line["t"], [v / gb for v in line["rss"]], lw=1.5, label=_short(worker))
+        if line["rss_peak"] != line["rss"]:
+            ax.fill_between(
+                line["t"], [v / gb for v in line["rss"]], [v / gb for v in line["rss_peak"]],
+                color=drawn.get_color(), alpha=0.2, lw=0,
+            )
+    for name, value in data["thresholds"].items():
+        color, style = _THRESHOLD_STYLE[name]
+        ax.axhline(value / gb, color=color, ls=style, lw=1, label=f"{name} {format_bytes(value)}")
+    if data["predicted"]:
+        ax.axhline(data["predicted"] / gb, color="tab:blue", ls="-.", lw=1.5,
+                   label=f"predicted peak {format_bytes(data['predicted'])}")
+    for t, name in data["marks"]:
+        ax.axvline(t, color="0.5", lw=0.8)
+        ax.annotate(name, xy=(t, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3),
+                    textcoords="offset points", va="top", fontsize=8, rotation=90)
+    ax.set_xlabel("seconds since the sampler started")
+    ax.set_ylabel("process RSS (GB)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{data['title']}: worker memory ({report.status})")
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    if not data["series"]:
+        ax.text(0.5, 0.5, "no memory samples", transform=ax.transAxes, ha="center", va="center", color="0.4")
+    path = Path(png_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path

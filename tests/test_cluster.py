@@ -1,0 +1,343 @@
+"""The cluster layer against real processes: a LocalCluster, and a `dask scheduler` + 2 `dask worker` subprocesses.
+
+Functions sent to workers are defined inside the tests (closures/lambdas), so cloudpickle ships them by value and
+the `dask worker` processes need not import this test module.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dask
+import distributed  # noqa: F401  (imported before any environment snapshot: it sets __DASK_PARENT_PID on import)
+import pytest
+from dask.utils import parse_bytes as dask_parse_bytes
+
+from rasterflow.cluster import (
+    ADDRESS_ENV,
+    CLIENT,
+    ClusterSettings,
+    MemorySampler,
+    ProgressReporter,
+    gdal_cachemax_env_value,
+    open_cluster,
+    progress,
+    remote_layout,
+    resolve_address,
+)
+from rasterflow.errors import ClusterError
+from rasterflow.sizing import WorkerLayout
+
+pytestmark = pytest.mark.slow
+
+DASK = str(Path(sys.executable).with_name("dask"))
+LIMIT = 1_500_000_000
+GDAL_CACHE = 256_000_000
+LAYOUT = WorkerLayout(n_workers=2, threads_per_worker=1, memory_limit=LIMIT, source="local")
+
+
+def settings(**overrides) -> ClusterSettings:
+    values = dict(
+        address=None,
+        n_workers=2,
+        threads_per_worker=1,
+        memory_limit="1.5GB",
+        gdal_cachemax=GDAL_CACHE,
+        memory_target=0.55,
+        memory_spill=0.65,
+        memory_pause=0.75,
+        memory_terminate=0.9,
+        connect_timeout=10,
+    )
+    values.update(overrides)
+    return ClusterSettings(**values)
+
+
+@pytest.fixture(scope="module")
+def local():
+    """One LocalCluster for the module; the parent's environment is checked while it runs."""
+    assert "GDAL_CACHEMAX" not in os.environ, "the test environment must not set GDAL_CACHEMAX itself"
+    with open_cluster(settings(), LAYOUT) as handle:
+        yield handle
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# LocalCluster
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_local_workers_have_the_layout(local):
+    assert local.is_local
+    assert local.layout == LAYOUT
+    workers = local.client.scheduler_info()["workers"]
+    assert len(workers) == 2
+    assert {w["memory_limit"] for w in workers.values()} == {LIMIT}
+    assert {w["nthreads"] for w in workers.values()} == {1}
+    assert local.address.startswith("tcp://")
+    assert local.as_dict()["n_workers"] == 2
+
+
+def test_gdal_inside_each_worker_sees_gdal_cachemax(local):
+    def gdal_cachemax():
+        from rasterio._env import get_gdal_config
+
+        return get_gdal_config("GDAL_CACHEMAX")  # GDAL's own cache-max, in bytes
+
+    seen = local.client.run(gdal_cachemax)
+    assert len(seen) == 2
+    assert set(seen.values()) == {GDAL_CACHE}
+    assert "GDAL_CACHEMAX" not in os.environ  # not leaked into the parent while the cluster runs
+
+
+def test_gdal_cachemax_env_value_is_exact_bytes():
+    assert gdal_cachemax_env_value(256_000_000) == "256000000"
+    assert gdal_cachemax_env_value(268_435_456) == "268435456"
+    assert gdal_cachemax_env_value(0) == "0"
+    assert gdal_cachemax_env_value(50_000) == "1"  # below GDAL's 100000 cut-off a bare number means MiB
+
+
+def test_memory_thresholds_and_spill_compression_reach_the_workers(local):
+    client = local.client
+    for key, value in [("target", 0.55), ("spill", 0.65), ("pause", 0.75), ("terminate", 0.9)]:
+        got = client.run(lambda key=key: dask.config.get(f"distributed.worker.memory.{key}"))
+        assert set(got.values()) == {value}, key
+    assert set(client.run(lambda: dask.config.get("distributed.worker.memory.spill-compression")).values()) == {"auto"}
+
+    def resolved_codec():
+        import importlib.util
+
+        from distributed.protocol.compression import get_compression_settings
+
+        return importlib.util.find_spec("lz4") is not None, get_compression_settings(
+            "distributed.worker.memory.spill-compression"
+        )
+
+    assert set(client.run(resolved_codec).values()) == {(True, "lz4")}
+    # The nannies too (they enforce `terminate`), and the parent's own config is left as it was.
+    assert dask.config.get("distributed.worker.memory.pause") == 0.8
+
+
+def test_parent_environment_untouched_and_cluster_closed_on_exception():
+    before = dict(os.environ)
+    one = WorkerLayout(n_workers=1, threads_per_worker=1, memory_limit=LIMIT, source="local")
+    with pytest.raises(RuntimeError, match="boom"):
+        with open_cluster(settings(n_workers=1), one) as handle:
+            address = handle.address
+            client = handle.client
+            raise RuntimeError("boom")
+    assert dict(os.environ) == before  # no GDAL_CACHEMAX, and pre-spawn-environ (OMP_NUM_THREADS...) undone
+    assert client.status == "closed"
+    with pytest.raises(ClusterError):
+        remote_layout(address, timeout=1)  # the LocalCluster's scheduler is gone
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# An existing cluster: real `dask scheduler` and `dask worker` processes
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory):
+    """A scheduler and two workers (1.2GB, 2 threads each) as subprocesses; yields the scheduler address."""
+    tmp = tmp_path_factory.mktemp("remote-cluster")
+    scheduler_file = tmp / "scheduler.json"
+    log = open(tmp / "cluster.log", "w")
+    procs: list[subprocess.Popen] = []
+    try:
+        procs.append(subprocess.Popen(
+            [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
+             "--scheduler-file", str(scheduler_file)],
+            cwd=tmp, stdout=log, stderr=subprocess.STDOUT,
+        ))
+        _wait_for(lambda: scheduler_file.exists() and scheduler_file.stat().st_size > 0, 30, "the scheduler file")
+        import json
+
+        address = json.loads(scheduler_file.read_text())["address"]
+        for i in range(2):
+            procs.append(subprocess.Popen(
+                [DASK, "worker", "--scheduler-file", str(scheduler_file), "--memory-limit", "1.2GB", "--nthreads", "2",
+                 "--dashboard-address", ":0", "--local-directory", str(tmp / f"worker-{i}"), "--name", f"w{i}"],
+                cwd=tmp, stdout=log, stderr=subprocess.STDOUT,
+            ))
+
+        def two_workers():
+            try:
+                return remote_layout(address, timeout=2).n_workers == 2
+            except ClusterError:
+                return False
+
+        _wait_for(two_workers, 30, "two workers")
+        yield address
+    finally:
+        for proc in reversed(procs):  # workers first, then the scheduler: each exits in ~0.2 s
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def test_remote_layout_reads_the_real_workers(remote):
+    layout = remote_layout(remote)
+    assert layout.n_workers == 2
+    assert layout.memory_limit == dask_parse_bytes("1.2GB") == 1_200_000_000
+    assert layout.threads_per_worker == 2
+    assert layout.source == remote
+
+
+def test_open_cluster_connects_and_leaves_the_remote_cluster_running(remote):
+    layout = remote_layout(remote)
+    with open_cluster(settings(address=remote), layout) as handle:
+        assert not handle.is_local
+        assert handle.address == remote
+        assert handle.layout == layout
+        assert handle.client.submit(lambda x: x + 1, 41).result() == 42
+        assert len(handle.client.scheduler_info()["workers"]) == 2
+    assert handle.client.status == "closed"
+    assert remote_layout(remote).n_workers == 2  # still there
+
+
+def test_scheduler_address_from_the_environment(remote, monkeypatch):
+    monkeypatch.delenv(ADDRESS_ENV, raising=False)
+    assert resolve_address(settings()) is None
+    monkeypatch.setenv(ADDRESS_ENV, remote)
+    assert resolve_address(settings()) == remote
+    assert resolve_address(settings(address="tcp://10.0.0.1:8786")) == "tcp://10.0.0.1:8786"  # the spec wins
+    with open_cluster(settings(), remote_layout(remote)) as handle:
+        assert not handle.is_local and handle.address == remote
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_unreachable_scheduler_is_a_quick_cluster_error():
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    started = time.monotonic()
+    with pytest.raises(ClusterError) as info:
+        remote_layout(address, timeout=2)
+    assert time.monotonic() - started < 8
+    message = str(info.value)
+    assert address in message and "Check" in message
+    with pytest.raises(ClusterError, match=re.escape(address)):
+        with open_cluster(settings(address=address, connect_timeout=1), LAYOUT):
+            pass
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Memory sampling and progress
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_memory_sampler_sees_a_300mb_allocation(local):
+    client = local.client
+    workers = sorted(client.scheduler_info()["workers"])
+    target = workers[0]
+
+    def allocate_and_hold(n, hold):
+        import time
+
+        import numpy as np
+
+        array = np.ones(n)  # 40e6 float64 = 320 MB
+        time.sleep(hold)
+        return float(array.sum())
+
+    with MemorySampler(client, interval=0.1) as sampler:
+        time.sleep(0.4)
+        sampler.mark("allocate")
+        future = client.submit(allocate_and_hold, 40_000_000, 0.6, workers=[target], pure=False)
+        assert future.result() == 40_000_000.0
+        sampler.mark("done")
+        time.sleep(0.2)
+
+    assert [name for _, name in sampler.marks] == ["allocate", "done"]
+    seen = {s["worker"] for s in sampler.samples}
+    assert set(workers) | {CLIENT} <= seen
+    assert all({"t", "worker", "rss", "managed", "spilled"} <= set(s) for s in sampler.samples)
+    times = [s["t"] for s in sampler.samples]
+    assert times == sorted(times) and times[0] >= 0
+    start = sampler.marks[0][0]
+    idle = min(s["rss"] for s in sampler.samples if s["worker"] == target and s["t"] < start)
+    peaks = sampler.peak_per_worker()
+    assert set(peaks) == set(workers)
+    assert peaks[target] - idle > 200e6, (idle, peaks)
+    assert peaks[workers[1]] - idle < 150e6  # the other worker stayed idle
+    assert sampler.client_peak() > 0
+    assert sampler.spilled_bytes_total() == 0
+    assert len([s for s in sampler.samples if s["worker"] == target]) >= 5
+
+    from rasterflow.report import RunReport
+
+    report = RunReport.start(spec_path="x.yaml").record_memory(sampler)
+    assert report.measured_peak_per_worker == peaks
+    assert report.memory_samples == sampler.samples  # short runs are not thinned
+    assert report.stage_marks == [[t, name] for t, name in sampler.marks]
+    assert report.spilled_bytes == 0 and report.client_peak == sampler.client_peak()
+
+
+def test_progress_prints_plain_lines_when_not_a_tty(local):
+    client = local.client
+
+    def slow(i):
+        import time
+
+        time.sleep(0.25)
+        return i
+
+    futures = [client.submit(slow, i, pure=False) for i in range(6)]
+    out = io.StringIO()  # not a TTY, like cron's stdout
+    progress(futures, client, interval=0.2, stream=out)
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= 2
+    assert all(re.fullmatch(r"\d+/6 tasks done, \d+%, \d+\.\d s", line) for line in lines), lines
+    assert lines[-1].startswith("6/6 tasks done, 100%")
+    assert "\x1b" not in out.getvalue()  # no terminal escapes
+    assert client.gather(futures) == list(range(6))
+
+
+def test_progress_persists_a_lazy_collection_and_reports_failures(local):
+    import dask.array as da
+
+    out = io.StringIO()
+    persisted = progress(da.ones((40, 40), chunks=10) * 2, local.client, stream=out, interval=5)
+    assert float(persisted.sum().compute()) == 3200.0
+    assert out.getvalue().splitlines()[-1].startswith("16/16 tasks done, 100%")
+
+    def fail():
+        raise ValueError("nope")
+
+    future = local.client.submit(fail, pure=False)
+    out = io.StringIO()
+    reporter = ProgressReporter([future], interactive=False, stream=out, interval=5)
+    with reporter:
+        reporter.wait(10)
+    assert reporter.lines[-1].startswith("0/1 tasks done, 0%") and reporter.lines[-1].endswith("1 failed")
+
+
+def test_progress_bar_on_a_terminal(local):
+    futures = [local.client.submit(lambda i: i, i, pure=False) for i in range(3)]
+    out = io.StringIO()
+    progress(futures, local.client, interactive=True, stream=out)
+    assert "3/3" in out.getvalue()
