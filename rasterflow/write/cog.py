@@ -1,0 +1,343 @@
+"""Stream a lazy Dataset into Cloud-Optimized GeoTIFFs: one file per entry of the leading dims, one band per variable.
+
+How it streams
+--------------
+``rio.to_raster(driver="COG")`` loads the whole raster first (STACK-NOTES), so the COG is made in two steps:
+
+1. A tiled, compressed GTiff per output file is filled block by block. Blocks are computed on the cluster (the
+   given ``distributed.Client``, a global one, or a local thread pool) and each finished block is written by *this*
+   process with rasterio, then released. At most ``2 × threads`` blocks are in flight, so memory stays bounded and
+   workers never need to see the output filesystem (works with a remote cluster). Each block is requested with only
+   its own culled sub-graph, so submitting is proportional to the block's tasks, not to the whole graph.
+2. ``rasterio.shutil.copy(..., driver="COG")`` turns it into a COG with overviews under ``GDAL_CACHEMAX``, into a
+   hidden temporary file next to the output, which is renamed onto the output only when every file is done.
+
+A failure anywhere deletes the temporary files; nothing is ever written at an output path before it is complete.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+import rasterio
+import rasterio.shutil
+import rioxarray  # noqa: F401  (registers the .rio accessor)
+import xarray as xr
+from rasterio.windows import Window
+
+from rasterflow.errors import RunFailedError
+from rasterflow.write.common import (
+    WriteResult,
+    check_output_target,
+    cog_entries,
+    compression_name,
+    is_remote,
+    leading_dims,
+    path_size,
+    remove,
+    spatial_dims,
+)
+
+__all__ = ["write_cog"]
+
+#: Upper bound on the bytes of one submission (all leading-dim entries of one spatial block, when they fit).
+BATCH_BYTES = 128 * 2**20
+_RESAMPLINGS = ("nearest", "average", "bilinear", "cubic", "cubicspline", "lanczos", "mode", "rms")
+
+
+def _stream_name(final: str) -> str:
+    directory, name = os.path.split(final)
+    return os.path.join(directory, f".{name}.rasterflow-stream.tif")
+
+
+def _partial_name(final: str) -> str:
+    directory, name = os.path.split(final)
+    return os.path.join(directory, f".{name}.rasterflow-partial.tif")
+
+
+def _tile_size(chunks: tuple[int, ...], blocksize: int) -> int:
+    """A GTiff tile edge that divides the Dask chunk edge, so block windows are tile-aligned when possible."""
+    size = chunks[0]
+    if len(chunks) > 1 and size % 16 == 0:
+        for tile in range(min(size, 1024), 15, -16):
+            if size % tile == 0:
+                return tile
+    return blocksize
+
+
+def _default_client(client: Any) -> Any:
+    if client is not None:
+        return client
+    if dask.config.get("scheduler", None) not in (None, "dask.distributed", "distributed"):
+        return None
+    try:
+        from distributed import default_client
+
+        return default_client()
+    except (ImportError, ValueError):
+        return None
+
+
+def _local_threads() -> int:
+    scheduler = dask.config.get("scheduler", None)
+    if scheduler in ("sync", "synchronous", "single-threaded"):
+        return 1
+    return int(dask.config.get("num_workers", None) or os.cpu_count() or 1)
+
+
+def _cube(ds: xr.Dataset, names: list[str], nlead: int) -> da.Array:
+    """``(*leading, band, y, x)``, chunked 1 along leading dims and whole along bands."""
+    arrays = []
+    for name in names:
+        data = ds[name].data
+        if not isinstance(data, da.Array):
+            data = da.from_array(np.asarray(data), chunks=(1,) * nlead + (-1, -1))
+        arrays.append(data)
+    dtype = np.result_type(*(a.dtype for a in arrays))
+    cube = da.stack([a.astype(dtype, copy=False) for a in arrays], axis=nlead)
+    return cube.rechunk({**{axis: 1 for axis in range(nlead)}, nlead: len(names)})
+
+
+class _Pool:
+    """Submit culled sub-graphs, a few at a time; on a distributed client or a local thread pool."""
+
+    def __init__(self, client: Any):
+        self.client = client
+        if client is not None:
+            from distributed import as_completed
+
+            self.nthreads = max(1, sum(client.nthreads().values()))
+            self.executor = None
+            # bound to this client's loop: distributed.wait() would look for a *default* client
+            self.completed = as_completed(loop=client.loop, raise_errors=False)
+        else:
+            self.nthreads = _local_threads()
+            self.executor = concurrent.futures.ThreadPoolExecutor(self.nthreads, thread_name_prefix="rasterflow-cog")
+
+    def submit(self, graph: dict, keys: list) -> list[tuple[Any, list[int]]]:
+        """Start computing ``keys``; returns handles, each with the positions in ``keys`` it yields."""
+        from dask.optimization import cull
+
+        sub, _ = cull(graph, keys)
+        if self.client is not None:
+            futures = self.client.get(sub, keys, sync=False)
+            self.completed.update(futures)
+            return [(f, [i]) for i, f in enumerate(futures)]
+        from dask.local import get_sync
+
+        return [(self.executor.submit(get_sync, sub, keys), list(range(len(keys))))]
+
+    def wait_any(self, handles: list) -> list:
+        if self.client is not None:
+            done = [next(self.completed)]
+            while self.completed.has_ready():
+                done.append(next(self.completed))
+            return done
+        done, _ = concurrent.futures.wait(handles, return_when=concurrent.futures.FIRST_COMPLETED)
+        return list(done)
+
+    def results(self, handle: Any) -> list:
+        value = handle.result()
+        if self.client is not None:
+            handle.release()
+            return [value]
+        return list(value)
+
+    def close(self, handles: list) -> None:
+        if self.client is not None:
+            if handles:
+                self.client.cancel(list(handles))
+        elif self.executor is not None:
+            self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _stream_blocks(cube: da.Array, nlead: int, client: Any, write: Callable[[tuple, int, int, np.ndarray], None]) -> int:
+    """Compute every block of ``cube`` and hand it to ``write(lead_index, i, j, block)``; returns blocks written."""
+    (optimized,) = dask.optimize(cube)
+    graph = dict(optimized.__dask_graph__())
+    name = optimized.name
+    lead_indices = list(np.ndindex(*cube.numblocks[:nlead]))
+    ny, nx = cube.numblocks[-2:]
+    unit_bytes = cube.dtype.itemsize * cube.shape[nlead] * max(cube.chunks[-2]) * max(cube.chunks[-1])
+
+    pool = _Pool(client)
+    max_inflight = max(2, 2 * pool.nthreads)
+    group = max(1, min(max_inflight, BATCH_BYTES // max(1, unit_bytes)))
+    batches = []
+    for i in range(ny):
+        for j in range(nx):
+            for start in range(0, len(lead_indices), group):
+                batches.append([(lead, i, j) for lead in lead_indices[start:start + group]])
+    batches.reverse()  # pop() from the end in row-major order
+
+    inflight: dict[Any, list[tuple]] = {}
+    written = 0
+    try:
+        while batches or inflight:
+            while batches and sum(len(u) for u in inflight.values()) < max_inflight:
+                units = batches.pop()
+                keys = [(name, *lead, 0, i, j) for lead, i, j in units]
+                for handle, positions in pool.submit(graph, keys):
+                    inflight[handle] = [units[p] for p in positions]
+            for handle in pool.wait_any(list(inflight)):
+                units = inflight.pop(handle)
+                for (lead, i, j), block in zip(units, pool.results(handle)):
+                    write(lead, i, j, np.asarray(block))
+                    written += 1
+    finally:
+        pool.close(list(inflight))
+    return written
+
+
+def write_cog(
+    ds: xr.Dataset,
+    path: str,
+    *,
+    overwrite: bool = False,
+    compression: str = "zstd",
+    gdal_cachemax: int = 256 * 2**20,
+    client: Any = None,
+    blocksize: int = 512,
+    resampling: str = "average",
+) -> WriteResult:
+    """Write a lazy Dataset as Cloud-Optimized GeoTIFF(s), streaming block by block.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        Data variables with identical dims ``(y, x)``, ``(E, y, x)`` or ``(E1, E2, y, x)``; CRS and transform
+        written with rioxarray. Every variable becomes a band (description = variable name), nodata NaN.
+    path : str
+        The output for 2-D data; with leading dims one file per entry, named by :func:`cog_output_paths`.
+    overwrite : bool
+        Replace existing outputs, each only after every new file is complete.
+    compression : {"zstd", "deflate", "lzw", "none"}
+        ``"lz4"`` is accepted and written as zstd (GeoTIFF has no LZ4), with a warning.
+    gdal_cachemax : int
+        Bytes of GDAL block cache while writing and building overviews (bounds this process's memory).
+    client : distributed.Client, optional
+        Where to compute the blocks; default: a global client if one exists, else a local thread pool.
+    blocksize : int
+        COG tile edge, a multiple of 16.
+    resampling : str
+        Overview resampling (``average`` suits continuous values; ``nearest`` or ``mode`` suits classes).
+
+    Raises
+    ------
+    OutputExistsError
+        An output file exists and ``overwrite`` is false.
+    RunFailedError
+        A block failed to compute or a file failed to write; no output and no temporary file is left behind.
+    """
+    path = str(path)
+    entries = cog_entries(path, ds)
+    paths = [p for _pos, _labels, p in entries]
+    check_output_target(path, "cog", overwrite=overwrite, paths=paths)
+    codec = compression_name(compression, "cog")
+    if blocksize <= 0 or blocksize % 16:
+        raise ValueError(f"blocksize must be a positive multiple of 16, got {blocksize}")
+    if resampling.lower() not in _RESAMPLINGS:
+        raise ValueError(f"unknown overview resampling {resampling!r}; expected one of {', '.join(_RESAMPLINGS)}")
+    spatial_dims(ds)  # validates: same dims everywhere, (..., y, x)
+    lead = leading_dims(ds)
+    names = [str(n) for n in ds.data_vars]
+    crs = ds.rio.crs
+    if crs is None:
+        raise ValueError("the dataset has no CRS; write one with ds.rio.write_crs(...)")
+    transform = ds.rio.transform()
+    cube = _cube(ds, names, len(lead))
+    height, width = cube.shape[-2:]
+    nodata = float("nan") if np.issubdtype(cube.dtype, np.floating) else None
+    row_offsets = np.concatenate([[0], np.cumsum(cube.chunks[-2])]).astype(int)
+    col_offsets = np.concatenate([[0], np.cumsum(cube.chunks[-1])]).astype(int)
+    client = _default_client(client)
+
+    remote = is_remote(path)
+    scratch = tempfile.mkdtemp(prefix="rasterflow-cog-") if remote else None
+    locals_: list[str] = []  # where each final file is assembled locally
+    for final in paths:
+        if remote:
+            locals_.append(os.path.join(scratch, f"{len(locals_)}-{os.path.basename(final)}"))
+        else:
+            os.makedirs(os.path.dirname(os.path.abspath(final)), exist_ok=True)
+            locals_.append(final)
+    stream_files = [_stream_name(p) for p in locals_]
+    partial_files = [_partial_name(p) for p in locals_]
+    index_of = {positions_key: k for k, positions_key in
+                enumerate(tuple(pos[d] for d in lead) for pos, _labels, _p in entries)}
+
+    profile = dict(
+        driver="GTiff", width=width, height=height, count=len(names), dtype=cube.dtype.name, crs=crs,
+        transform=transform, nodata=nodata, tiled=True, blockxsize=_tile_size(cube.chunks[-1], blocksize),
+        blockysize=_tile_size(cube.chunks[-2], blocksize), compress="ZSTD", zstd_level=1, interleave="pixel",
+        bigtiff="IF_SAFER",
+    )
+    cog_options = dict(
+        COMPRESS=codec.upper(), BLOCKSIZE=blocksize, OVERVIEWS="AUTO", RESAMPLING=resampling.upper(),
+        BIGTIFF="IF_SAFER",
+    )
+    if codec != "none":
+        cog_options["PREDICTOR"] = "YES"
+
+    datasets: list[Any] = []
+    try:
+        for f in stream_files + partial_files:
+            remove(f)  # leftovers of a killed run
+        with rasterio.Env(GDAL_CACHEMAX=int(gdal_cachemax)):
+            for (_pos, labels, _p), stream in zip(entries, stream_files):
+                dst = rasterio.open(stream, "w", **profile)
+                datasets.append(dst)
+                for band, name in enumerate(names, start=1):
+                    dst.set_band_description(band, name)
+                dst.update_tags(rasterflow_bands=",".join(names),
+                                **{str(d): str(v) for d, v in labels.items()})
+
+            def write(lead_index: tuple, i: int, j: int, block: np.ndarray) -> None:
+                dst = datasets[index_of[tuple(lead_index)]]
+                block = block.reshape(block.shape[-3:])
+                window = Window(int(col_offsets[j]), int(row_offsets[i]), block.shape[-1], block.shape[-2])
+                dst.write(block, window=window)
+
+            written = _stream_blocks(cube, len(lead), client, write)
+            while datasets:
+                datasets.pop().close()
+            for stream, partial in zip(stream_files, partial_files):
+                rasterio.shutil.copy(stream, partial, driver="COG", **cog_options)
+                remove(stream)
+        for partial, local, final in zip(partial_files, locals_, paths):
+            if remote:
+                import fsspec.core
+
+                fs, target = fsspec.core.url_to_fs(final)
+                fs.put_file(partial, target)
+                remove(partial)
+            else:
+                os.replace(partial, local)
+    except BaseException as exc:
+        for dst in datasets:
+            try:
+                dst.close()
+            except Exception:  # pragma: no cover - best effort
+                pass
+        for f in stream_files + partial_files:
+            try:
+                remove(f)
+            except OSError:  # pragma: no cover - best effort
+                pass
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+        if isinstance(exc, Exception):
+            raise RunFailedError(f"writing {path} failed: {type(exc).__name__}: {exc}") from exc
+        raise
+    if scratch:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return WriteResult(paths=tuple(paths), bytes_written=sum(path_size(p) for p in paths), blocks_written=written,
+                       blocks_skipped=0, format="cog")

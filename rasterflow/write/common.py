@@ -1,0 +1,333 @@
+"""What both writers share: the pre-flight output check, output file names, the result record, filesystem helpers.
+
+This module is light on purpose (stdlib only at import time; fsspec and zarr load inside the functions that need
+them), so the orchestrator can check the output target before it builds a graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rasterflow.errors import OutputExistsError
+
+__all__ = [
+    "WriteResult",
+    "check_output_target",
+    "is_complete_zarr",
+    "cog_output_paths",
+    "is_remote",
+    "zarr_staging_path",
+    "read_zarr_state",
+    "ZarrState",
+    "path_size",
+    "spatial_dims",
+    "leading_dims",
+]
+
+#: Group attributes a rasterflow Zarr store carries.
+FINGERPRINT_ATTR = "rasterflow_fingerprint"
+COMPLETE_ATTR = "rasterflow_complete"
+
+#: The staging store of a local Zarr write is ``<path><STAGING_SUFFIX>``, a sibling of the output.
+STAGING_SUFFIX = ".partial"
+
+_OVERWRITE_HINT = "set output.overwrite: true or choose another path"
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteResult:
+    """What a writer produced."""
+
+    paths: tuple[str, ...]
+    """The outputs written: one Zarr store, or one COG per entry of the leading dimensions."""
+    bytes_written: int
+    """Total size on disk of ``paths`` after the write (compressed bytes, overviews included)."""
+    blocks_written: int
+    """Dask blocks computed and written by this run (for COG: one block = all bands of one chunk of one file)."""
+    blocks_skipped: int
+    """Blocks found finished by an earlier, interrupted run with the same fingerprint and not recomputed."""
+    format: str
+    """``"zarr"`` or ``"cog"``."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# paths and filesystems
+
+
+def is_remote(path: str) -> bool:
+    """True for fsspec URLs (``s3://bucket/x.zarr``); ``file://`` URLs and plain paths are local."""
+    return "://" in str(path) and not str(path).startswith("file://")
+
+
+def _local(path: str) -> str:
+    path = str(path)
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+def _fs(path: str):
+    """(fsspec filesystem, path inside it) for a URL or a local path."""
+    import fsspec.core
+
+    return fsspec.core.url_to_fs(str(path))
+
+
+def exists(path: str) -> bool:
+    """Whether anything (file, directory, store) exists at ``path``."""
+    if is_remote(path):
+        fs, p = _fs(path)
+        return bool(fs.exists(p))
+    return os.path.lexists(_local(path))
+
+
+def remove(path: str) -> None:
+    """Delete a file or a directory tree at ``path``; no error when it is absent."""
+    if is_remote(path):
+        fs, p = _fs(path)
+        if fs.exists(p):
+            fs.rm(p, recursive=True)
+        return
+    p = _local(path)
+    if os.path.isdir(p) and not os.path.islink(p):
+        shutil.rmtree(p)
+    elif os.path.lexists(p):
+        os.remove(p)
+
+
+def path_size(path: str) -> int:
+    """Bytes on disk of a file, or of every file under a directory (a Zarr store)."""
+    if is_remote(path):
+        fs, p = _fs(path)
+        return int(fs.du(p, total=True)) if fs.exists(p) else 0
+    p = _local(path)
+    if os.path.isfile(p):
+        return os.path.getsize(p)
+    total = 0
+    for root, _dirs, files in os.walk(p):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:  # pragma: no cover - vanished while walking
+                pass
+    return total
+
+
+def zarr_staging_path(path: str) -> str:
+    """Where a local Zarr write is staged before it is renamed into place: ``<path>.partial``."""
+    return str(path).rstrip("/") + STAGING_SUFFIX
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Zarr store state
+
+
+@dataclasses.dataclass(frozen=True)
+class ZarrState:
+    """The rasterflow attributes of an existing Zarr store."""
+
+    fingerprint: str | None
+    complete: bool
+
+
+def read_zarr_state(path: str) -> ZarrState | None:
+    """The rasterflow state of the Zarr store at ``path``; None when nothing there opens as a Zarr group.
+
+    Reads the group attributes directly (not the consolidated metadata, which is written only at the end).
+    """
+    if not exists(path):
+        return None
+    import zarr
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            group = zarr.open_group(str(path), mode="r", use_consolidated=False)
+            attrs = dict(group.attrs)
+    except Exception:  # not a Zarr group: someone else's file or directory
+        return None
+    fingerprint = attrs.get(FINGERPRINT_ATTR)
+    return ZarrState(fingerprint=None if fingerprint is None else str(fingerprint),
+                     complete=attrs.get(COMPLETE_ATTR) is True)
+
+
+def is_complete_zarr(path: str) -> bool:
+    """True when ``path`` is a Zarr store that rasterflow finished writing (``rasterflow_complete: true``)."""
+    state = read_zarr_state(path)
+    return bool(state and state.complete)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# dimensions and COG file names
+
+
+def spatial_dims(ds: Any) -> tuple[str, str]:
+    """The (y, x) dimension names: the last two dims of the data variables."""
+    names = list(ds.data_vars)
+    if not names:
+        raise ValueError("the dataset to write has no data variables")
+    dims = ds[names[0]].dims
+    if len(dims) < 2:
+        raise ValueError(f"data variable {names[0]!r} has dims {dims}; expected (..., y, x)")
+    for name in names[1:]:
+        if ds[name].dims != dims:
+            raise ValueError(
+                f"every data variable must have the same dims; {names[0]!r} has {dims}, {name!r} has {ds[name].dims}"
+            )
+    return dims[-2], dims[-1]
+
+
+def leading_dims(ds: Any) -> tuple[str, ...]:
+    """The dims before (y, x), e.g. ``("period", "quantile")``; empty for plain 2-D bands."""
+    spatial_dims(ds)  # validates
+    return tuple(ds[next(iter(ds.data_vars))].dims[:-2])
+
+
+def _format_label(dim: str, value: Any) -> str:
+    import numpy as np
+
+    if dim == "quantile":
+        return f"q{float(value):g}"
+    if isinstance(value, np.datetime64) or (hasattr(value, "dtype") and np.issubdtype(value.dtype, np.datetime64)):
+        ts = np.datetime64(value, "s")
+        day = np.datetime64(value, "D")
+        if ts == day:
+            return str(day)
+        return str(ts).replace(":", "")
+    if hasattr(value, "isoformat"):  # datetime / pandas.Timestamp
+        text = value.isoformat()
+        return text[:10] if text[10:].strip("T0:.") == "" else text.replace(":", "")
+    if isinstance(value, (float, np.floating)):
+        return f"{float(value):g}"
+    if isinstance(value, bytes):
+        value = value.decode()
+    text = str(value.item() if hasattr(value, "item") else value)
+    return text.replace("/", "-").replace(os.sep, "-").replace(" ", "_")
+
+
+def cog_entries(path: str, ds_or_coords: Any) -> list[tuple[dict[str, int], dict[str, Any], str]]:
+    """One ``(positions, labels, file path)`` per entry of the leading dims, in row-major order.
+
+    ``positions`` maps each leading dim to the integer index of the entry, ``labels`` to its coordinate value.
+    """
+    import itertools
+
+    if not hasattr(ds_or_coords, "data_vars") and isinstance(ds_or_coords, Mapping):  # a Dataset is a Mapping too
+        coords: dict[str, Sequence[Any]] = {k: list(v) for k, v in ds_or_coords.items()}
+    else:
+        ds = ds_or_coords
+        coords = {}
+        for dim in leading_dims(ds):
+            if dim in ds.coords:
+                coords[dim] = list(ds[dim].values)
+            else:  # a dimension without a coordinate: number the files
+                coords[dim] = list(range(ds.sizes[dim]))
+    path = str(path)
+    directory, name = os.path.split(path)
+    stem, suffix = os.path.splitext(name)
+    if not coords:
+        return [({}, {}, path)]
+    dims = list(coords)
+    out = []
+    seen: dict[str, tuple] = {}
+    for combo in itertools.product(*(range(len(coords[d])) for d in dims)):
+        labels = {d: coords[d][i] for d, i in zip(dims, combo)}
+        parts = [_format_label(d, labels[d]) for d in dims]
+        file_path = os.path.join(directory, f"{stem}_{'_'.join(parts)}{suffix}")
+        if file_path in seen:
+            raise ValueError(
+                f"two entries of {dims} ({seen[file_path]} and {tuple(labels.values())}) would both be written to "
+                f"{file_path}; their coordinate labels must be distinct"
+            )
+        seen[file_path] = tuple(labels.values())
+        out.append((dict(zip(dims, combo)), labels, file_path))
+    return out
+
+
+def cog_output_paths(path: str, ds_or_coords: Any) -> list[str]:
+    """The files a COG write of ``ds_or_coords`` to ``path`` produces.
+
+    ``ds_or_coords`` is the Dataset to write, or a mapping ``{leading dim: coordinate values}`` (e.g.
+    ``{"period": ["2024-06", "2024-07"], "quantile": [0.1, 0.9]}``), so callers can know the names before a graph
+    exists. No leading dims → ``[path]``; ``period`` → ``<stem>_<period><suffix>``; ``quantile`` →
+    ``<stem>_q<q><suffix>``; both → ``<stem>_<period>_q<q><suffix>``; ``time`` → ``<stem>_<YYYY-MM-DD><suffix>``.
+    """
+    return [p for _pos, _labels, p in cog_entries(path, ds_or_coords)]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the pre-flight check
+
+
+def check_output_target(
+    path: str,
+    fmt: str,
+    *,
+    overwrite: bool,
+    fingerprint: str | None = None,
+    paths: Sequence[str] | None = None,
+) -> None:
+    """Refuse to start when the output exists and ``overwrite`` is false. Call it before any work.
+
+    Parameters
+    ----------
+    path : str
+        The output as the spec names it (a Zarr store, or the COG path before per-entry suffixes).
+    fmt : {"zarr", "cog"}
+    overwrite : bool
+        ``output.overwrite``: when true, nothing is refused (the writers replace the output once the new one is
+        complete).
+    fingerprint : str, optional
+        The run's fingerprint. An unfinished rasterflow Zarr store at ``path`` with this fingerprint (a previous
+        in-place run that was interrupted) is not refused: the write resumes it.
+    paths : sequence of str, optional
+        For COG: every file the write would produce (:func:`cog_output_paths`); default ``[path]``.
+
+    Raises
+    ------
+    OutputExistsError
+        Naming the existing path(s).
+    """
+    fmt = fmt.lower()
+    if fmt not in ("zarr", "cog"):
+        raise ValueError(f"unknown output format {fmt!r}; expected 'zarr' or 'cog'")
+    if overwrite:
+        return
+    if fmt == "zarr":
+        if not exists(path):
+            return
+        state = read_zarr_state(path)
+        if fingerprint is not None and state is not None and not state.complete and state.fingerprint == fingerprint:
+            return  # an interrupted in-place write of this very job: resume it
+        raise OutputExistsError(f"output {path} already exists; {_OVERWRITE_HINT}")
+    existing = [p for p in (list(paths) if paths is not None else [path]) if exists(p)]
+    if existing:
+        shown = ", ".join(existing[:5]) + (f" and {len(existing) - 5} more" if len(existing) > 5 else "")
+        what = "output" if len(existing) == 1 else "outputs"
+        raise OutputExistsError(f"{what} {shown} already exist{'s' if len(existing) == 1 else ''}; {_OVERWRITE_HINT}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# compression names
+
+
+def compression_name(compression: str | None, fmt: str) -> str:
+    """Normalise ``output.compression`` for a format; warns and substitutes when the format lacks the codec.
+
+    Zarr has no LZW codec (deflate is used instead); GeoTIFF has no LZ4 (zstd is used instead).
+    """
+    name = (compression or "none").lower()
+    aliases = {"zlib": "deflate", "gzip": "deflate", "zstandard": "zstd", "": "none", "null": "none"}
+    name = aliases.get(name, name)
+    if name not in ("zstd", "deflate", "lzw", "lz4", "none"):
+        raise ValueError(f"unknown compression {compression!r}; expected zstd, deflate, lzw, lz4 or none")
+    if fmt == "zarr" and name == "lzw":
+        warnings.warn("Zarr has no LZW codec; writing with deflate (zlib) instead", UserWarning, stacklevel=3)
+        return "deflate"
+    if fmt == "cog" and name == "lz4":
+        warnings.warn("GeoTIFF has no LZ4 compression; writing with zstd instead", UserWarning, stacklevel=3)
+        return "zstd"
+    return name

@@ -1,0 +1,218 @@
+"""`rasterflow run` end to end on real COGs and real Dask processes, against an independent NumPy reference."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+import xarray as xr
+from click.testing import CliRunner
+
+from rasterflow.cli import cli
+from reference import assert_same, load_items, masked_ndvi, months, read_asset_stack, reduce_reference
+
+pytestmark = pytest.mark.slow
+
+
+def _run(spec: Path, *extra: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["run", str(spec), *extra])
+    return result.exit_code, result.output
+
+
+def _report(output: Path) -> dict:
+    return json.loads(Path(str(output) + ".report.json").read_text())
+
+
+def _open_zarr(path: Path) -> xr.Dataset:
+    import rioxarray  # noqa: F401
+
+    return xr.open_zarr(path, consolidated=True)
+
+
+def _expected_transform(sample):
+    minx, _, _, maxy = sample.bounds
+    return rasterio.Affine(10.0, 0.0, minx, 0.0, -10.0, maxy)
+
+
+@pytest.mark.parametrize("method,q", [("median", None), ("mean", None), ("quantile", 0.25)])
+def test_zarr_reduction_equals_numpy(write_spec, sample, tmp_path, method, q):
+    reduce = f"{{method: {method}}}" if q is None else f"{{method: quantile, q: {q}}}"
+    spec = write_spec(reduce=reduce, output="out/r.zarr")
+    code, output = _run(spec)
+    assert code == 0, output
+    out = tmp_path / "out" / "r.zarr"
+    ds = _open_zarr(out)
+    assert ds.attrs.get("rasterflow_complete") is True
+    items = load_items(sample, _report(out)["item_ids"])
+    expected = reduce_reference(masked_ndvi(items), method, q)
+    assert_same(ds["ndvi"].values, expected)
+    assert ds.rio.crs.to_epsg() == 32633
+    assert ds.rio.transform() == _expected_transform(sample)
+
+
+def test_cog_median_per_month_equals_numpy(write_spec, sample, tmp_path):
+    spec = write_spec(reduce="{method: median, period: month}", output="out/ndvi.tif")
+    code, output = _run(spec)
+    assert code == 0, output
+    items = load_items(sample, _report(tmp_path / "out" / "ndvi.tif")["item_ids"])
+    series, labels = masked_ndvi(items), np.array(months(items))
+    from rio_cogeo.cogeo import cog_validate
+
+    for month in sorted(set(labels)):
+        path = tmp_path / "out" / f"ndvi_{month}.tif"
+        valid, errors, warnings = cog_validate(str(path), strict=True)
+        assert valid and not errors and not warnings, (errors, warnings)
+        with rasterio.open(path) as src:
+            assert src.crs.to_epsg() == 32633
+            assert src.transform == _expected_transform(sample)
+            assert src.descriptions == ("ndvi",)
+            actual = src.read(1)
+        assert_same(actual, reduce_reference(series[labels == month], "median"))
+    assert not (tmp_path / "out" / "ndvi.tif").exists()
+
+
+def test_zarr_quantiles_per_month_and_two_bands(write_spec, sample, tmp_path):
+    spec = write_spec(
+        reduce="{method: quantile, q: [0.1, 0.9], period: month}",
+        bands='ndvi: "(nir - red) / (nir + red)"\nbright: "where(ndvi > 0.3, nir, red) * 2"',
+        output="out/q.zarr",
+    )
+    code, output = _run(spec)
+    assert code == 0, output
+    out = tmp_path / "out" / "q.zarr"
+    ds = _open_zarr(out)
+    items = load_items(sample, _report(out)["item_ids"])
+    ndvi, labels = masked_ndvi(items), np.array(months(items))
+    red, nir, scl = (read_asset_stack(items, a) for a in ("red", "nir", "scl"))
+    drop = np.isin(scl, (3, 8, 9, 10))
+    red, nir = np.where(drop, np.nan, red), np.where(drop, np.nan, nir)
+    bright = (np.where(ndvi > 0.3, nir, red) * 2).astype(np.float32)
+    assert list(ds["period"].values) == sorted(set(labels))
+    assert list(ds["quantile"].values) == [0.1, 0.9]
+    for p, month in enumerate(ds["period"].values):
+        for name, series in (("ndvi", ndvi), ("bright", bright)):
+            expected = reduce_reference(series[labels == month], "quantile", [0.1, 0.9])
+            assert_same(ds[name].isel(period=p).values, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_time_series_without_reduce(write_spec, sample, tmp_path):
+    spec = write_spec(output="out/ts.zarr", chunks="{time: 2, y: 128, x: 128}")
+    code, output = _run(spec)
+    assert code == 0, output
+    out = tmp_path / "out" / "ts.zarr"
+    ds = _open_zarr(out)
+    items = load_items(sample, _report(out)["item_ids"])
+    assert ds["ndvi"].dims == ("time", "y", "x")
+    assert_same(ds["ndvi"].values, masked_ndvi(items))
+
+
+def test_mean_with_time_chunked_uses_a_tree_reduction(write_spec, sample, tmp_path):
+    spec = write_spec(reduce="{method: mean}", output="out/m.zarr", chunks="{time: 3, y: 128, x: 128}")
+    code, output = _run(spec)
+    assert code == 0, output
+    out = tmp_path / "out" / "m.zarr"
+    items = load_items(sample, _report(out)["item_ids"])
+    assert_same(_open_zarr(out)["ndvi"].values, reduce_reference(masked_ndvi(items), "mean"), rtol=1e-5)
+
+
+def test_report_contents(write_spec, tmp_path):
+    spec = write_spec(reduce="{method: median}", output="out/r.zarr")
+    code, output = _run(spec)
+    assert code == 0, output
+    report = _report(tmp_path / "out" / "r.zarr")
+    assert report["status"] == "ok" and report["exit_code"] == 0
+    assert report["spec_sha256"] and report["item_ids"]
+    assert report["grid"]["shape"] == [256, 256]
+    assert report["predicted_peak_per_worker"] > 0
+    assert report["measured_peak_per_worker"] and all(v > 0 for v in report["measured_peak_per_worker"].values())
+    assert report["outputs"][0]["bytes"] > 0
+    assert {"search", "plan", "compute+write"} <= set(report["stage_seconds"])
+    assert "report:" in output
+
+
+def test_no_items_exit_1_nothing_written(write_spec, tmp_path):
+    spec = write_spec(reduce="{method: median}", output="out/none.zarr", query='{"eo:cloud_cover": {lt: -1}}')
+    code, output = _run(spec)
+    assert code == 1
+    assert "no items" in output.lower()
+    assert not (tmp_path / "out" / "none.zarr").exists()
+    assert not (tmp_path / "out" / "none.zarr.partial").exists()
+
+
+def test_existing_output_refused_exit_2_untouched(write_spec, tmp_path):
+    out = tmp_path / "out" / "x.tif"
+    out.parent.mkdir()
+    out.write_bytes(b"precious")
+    spec = write_spec(reduce="{method: median}", output="out/x.tif")
+    code, output = _run(spec)
+    assert code == 2, output
+    assert "overwrite" in output
+    assert out.read_bytes() == b"precious"
+
+
+def test_cog_failing_midway_leaves_no_file(write_spec, sample, tmp_path):
+    # A real fault: one input COG is truncated, so reading it fails in the middle of the computation.
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(sample.directory, broken)
+    items = json.loads((broken / "items.json").read_text())
+    for item in items["features"]:
+        for asset in item["assets"].values():
+            asset["href"] = asset["href"].replace(str(sample.directory), str(broken))
+    (broken / "items.json").write_text(json.dumps(items))
+    victim = Path(items["features"][3]["assets"]["nir"]["href"])
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 3])
+    spec = write_spec(catalog=str(broken / "items.json"), reduce="{method: median}", output="out/fail.tif")
+    code, output = _run(spec)
+    assert code == 1, output
+    assert list((tmp_path / "out").iterdir()) == [tmp_path / "out" / "fail.tif.report.json"]
+    assert _report(tmp_path / "out" / "fail.tif")["status"] == "failed"
+
+
+def test_sigkill_halfway_through_zarr_then_resume(sample, tmp_path):
+    from conftest import spec_text
+
+    def spec_at(name):
+        path = tmp_path / name
+        path.write_text(spec_text(sample, reduce="{method: median}", output=f"out/{name}.zarr",
+                                  chunks="{time: -1, y: 32, x: 32}",
+                                  cluster="{n_workers: 1, threads_per_worker: 1, memory_limit: 2GB}"))
+        return path
+
+    killed, clean = spec_at("killed"), spec_at("clean")
+    staging = tmp_path / "out" / "killed.zarr.partial"
+    proc = subprocess.Popen([sys.executable, "-m", "rasterflow", "run", str(killed)], start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    done_dir = staging / ".rasterflow" / "done"
+    while time.monotonic() < deadline:
+        if done_dir.exists() and sum(1 for _ in done_dir.rglob("*") if _.is_file()) >= 3:
+            break
+        assert proc.poll() is None, proc.stdout.read().decode()
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "out" / "killed.zarr").exists()
+    assert staging.exists()
+    state = json.loads((staging / "zarr.json").read_text())["attributes"]
+    assert state.get("rasterflow_complete") is not True
+    finished_before = sum(1 for _ in done_dir.rglob("*") if _.is_file())
+    assert 0 < finished_before < 64
+
+    code, output = _run(killed)
+    assert code == 0, output
+    assert "skipped" in output or "resum" in output
+    code, output = _run(clean)
+    assert code == 0, output
+    resumed = _open_zarr(tmp_path / "out" / "killed.zarr")["ndvi"].values
+    uninterrupted = _open_zarr(tmp_path / "out" / "clean.zarr")["ndvi"].values
+    np.testing.assert_array_equal(resumed, uninterrupted)
