@@ -60,6 +60,8 @@ MIN_CHUNK_BYTES = 16 * 10**6
 MIN_TASKS_FOR_LARGE_JOB = 1_000
 MAX_TASKS = 100_000
 LARGE_JOB_BYTES = 10 * 10**9
+SMALL_JOB_BYTES = 10**9
+"""Below this much input, small chunks cost little; the small-chunk warning would only be noise."""
 ORDER_STATISTICS = ("median", "quantile")
 
 
@@ -118,6 +120,8 @@ class BudgetInputs:
     """Where the limit came from: "spec", "auto (local machine)" or the scheduler address."""
     gdal_cachemax: int
     max_fraction: float
+    source_tile: tuple[int, int] | None = None
+    """Internal tile (block) shape of the source COGs, when known (``plan`` reads one file's header)."""
 
     @property
     def time_per_chunk(self) -> int:
@@ -317,11 +321,14 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
             f"only about {tasks:,} tasks for {format_bytes(total_bytes)} of input: the cluster may be under-used; "
             f"smaller chunks ({_chunk_for_tasks(inputs, shape, 2_000)}) give about 2,000"
         )
-    if inputs.plane_bytes < MIN_CHUNK_BYTES and inputs.n_spatial_chunks > 1:
+    if inputs.plane_bytes < MIN_CHUNK_BYTES and inputs.n_spatial_chunks > 1 and total_bytes > SMALL_JOB_BYTES:
         warnings.append(
             f"chunks are small ({format_bytes(inputs.plane_bytes)} per asset); aim for 100-500 MB in the working dtype: "
             f"per-task overhead will dominate"
         )
+    misaligned = _tile_misalignment(inputs)
+    if misaligned:
+        warnings.append(misaligned)
     if inputs.dtype == "float64":
         warnings.append("grid.dtype float64 doubles every array compared to float32; reflectance needs only float32")
     if inputs.time_source == "assumed":
@@ -339,6 +346,25 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
         task_count=tasks,
         refusals=tuple(refusals),
         warnings=tuple(warnings),
+    )
+
+
+def _tile_misalignment(inputs: BudgetInputs) -> str | None:
+    """A warning when spatial chunks cut through the source COG's internal tiles (each read decodes whole tiles)."""
+    if inputs.source_tile is None:
+        return None
+    tile_y, tile_x = inputs.source_tile
+    cy, cx = inputs.chunk_yx
+    height, width = inputs.grid_shape
+    off_y = cy % tile_y and cy != height
+    off_x = cx % tile_x and cx != width
+    if not (off_y or off_x):
+        return None
+    aligned_y = max(tile_y, round(cy / tile_y) * tile_y)
+    aligned_x = max(tile_x, round(cx / tile_x) * tile_x)
+    return (
+        f"chunks {cy}×{cx} are not multiples of the source COG tiles ({tile_y}×{tile_x}): reads decode tiles that "
+        f"belong to neighbouring chunks; use chunks.y: {aligned_y}, chunks.x: {aligned_x}"
     )
 
 

@@ -63,6 +63,7 @@ from typing import Any
 from rasterflow.errors import CatalogError, NoItemsFoundError
 
 __all__ = [
+    "source_tile_shape",
     "DEFAULT_PAGE_SIZE",
     "DEFAULT_TIMEOUT",
     "QUERY_OPS",
@@ -790,3 +791,25 @@ def search_items(
         raise NoItemsFoundError(_no_items_message(q, interval_text, local_all))
     return [restore_proj_epsg(i) for i in items]
 
+
+
+def source_tile_shape(items: Sequence[Mapping[str, Any]], asset_key: str) -> tuple[int, int] | None:
+    """The internal tile shape of the first item's ``asset_key`` file (its header only; no pixels), or None.
+
+    ``plan`` uses it to warn when chunks cut through source tiles. Unreadable or untiled files give None: this is
+    advice, never a reason to fail.
+    """
+    for item in items[:1]:
+        href = (item.get("assets", {}).get(asset_key) or {}).get("href")
+        if not href:
+            return None
+        try:
+            import rasterio
+
+            with rasterio.Env(GDAL_DISABLE_READDIR_ON_OPEN="EMPTY_DIR"), rasterio.open(href) as src:
+                if not src.profile.get("tiled", False):
+                    return None
+                return tuple(src.block_shapes[0])  # type: ignore[return-value]
+        except Exception:  # any failure to read a header only costs the advice
+            return None
+    return None

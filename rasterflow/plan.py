@@ -89,7 +89,8 @@ def local_layout(spec: Any) -> WorkerLayout:
     )
 
 
-def budget_inputs(spec: Any, grid: GridPlan, layout: WorkerLayout, n_items: int | None) -> budget.BudgetInputs:
+def budget_inputs(spec: Any, grid: GridPlan, layout: WorkerLayout, n_items: int | None,
+                  source_tile: tuple[int, int] | None = None) -> budget.BudgetInputs:
     """Collect the model's numbers; ``n_items`` None means the static check (max_items or an assumption)."""
     if n_items is not None:
         n_time, source = max(1, n_items), "search"
@@ -114,15 +115,18 @@ def budget_inputs(spec: Any, grid: GridPlan, layout: WorkerLayout, n_items: int 
         limit_source=limit_source,
         gdal_cachemax=parse_bytes(spec.cluster.gdal_cachemax),
         max_fraction=spec.budget.max_fraction,
+        source_tile=source_tile,
     )
 
 
-def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerLayout | None = None) -> JobPlan:
-    """Resolve grid, layout and budget (with fixes when refused). Pure: the caller did the search and the query."""
+def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerLayout | None = None,
+              source_tile: tuple[int, int] | None = None) -> JobPlan:
+    """Resolve grid, layout and budget (with fixes when refused). Pure: the caller did the search, the cluster
+    query and (optionally) read one source file's tile shape."""
     grid = resolve_grid(spec)
     layout = layout or local_layout(spec)
     shape = budget.pipeline_shape(spec)
-    inputs = budget_inputs(spec, grid, layout, None if items is None else len(items))
+    inputs = budget_inputs(spec, grid, layout, None if items is None else len(items), source_tile)
     report = budget.with_fixes(budget.estimate(shape, inputs, on_exceed=spec.budget.on_exceed), shape)
     return JobPlan(grid=grid, layout=layout, shape=shape, report=report, items=tuple(items or ()))
 

@@ -29,6 +29,15 @@ def _echo(message: str = "", **style: Any) -> None:
     click.secho(message, **style)
 
 
+def source_tile(loaded: Any, plan_shape_assets: Any, items: list[dict]) -> tuple[int, int] | None:
+    """Tile shape of the first loaded asset of the first item (header only)."""
+    from rasterflow.catalog import source_tile_shape
+
+    if not plan_shape_assets or not items:
+        return None
+    return source_tile_shape(items, loaded.spec.source.assets[plan_shape_assets[0]])
+
+
 def search(loaded: Any) -> list[dict]:
     """Search the spec's catalog (metadata only)."""
     from rasterflow.catalog import StacQuery, search_items
@@ -69,7 +78,8 @@ def plan_command(loaded: Any, *, as_json: bool = False, fix: bool = False) -> in
     """``rasterflow plan``: search, resolve, estimate; print a table (or JSON); exit 3 when refused."""
     items = search(loaded)
     layout = resolve_layout(loaded.spec)
-    plan = make_plan(loaded.spec, items=items, layout=layout)
+    tile = source_tile(loaded, budget.pipeline_shape(loaded.spec).assets_loaded, items)
+    plan = make_plan(loaded.spec, items=items, layout=layout, source_tile=tile)
     report = plan.report
     if as_json:
         payload = {
@@ -145,7 +155,8 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
             layout = resolve_layout(spec)
         report.item_ids = [item["id"] for item in items]
         with timer("plan"):
-            plan = make_plan(spec, items=items, layout=layout)
+            tile = source_tile(loaded, budget.pipeline_shape(spec).assets_loaded, items)
+            plan = make_plan(spec, items=items, layout=layout, source_tile=tile)
         _record_plan(report, plan)
         for warning in plan.report.warnings:
             _echo(f"warning: {warning}", fg="yellow", err=True)
