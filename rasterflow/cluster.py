@@ -42,6 +42,7 @@ __all__ = [
     "ProgressReporter",
     "progress",
     "MemorySampler",
+    "CountingProgress",
     "CLIENT",
     "ADDRESS_ENV",
 ]
@@ -493,6 +494,37 @@ class ProgressReporter:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class CountingProgress(ProgressReporter):
+    """A :class:`ProgressReporter` fed with counts instead of futures: for writers that report finished blocks."""
+
+    def __init__(self, *, label: str = "blocks", **options: Any):
+        super().__init__([], label=label, **options)
+        self._done = 0
+        self._total = 0
+
+    def update(self, done: int, total: int) -> None:
+        """Record progress; called by a writer after each block (any thread)."""
+        self._done, self._total = done, total
+
+    @property
+    def total(self) -> int:
+        return self._total
+
+    def counts(self) -> tuple[int, int]:
+        return self._done, 0
+
+    def _loop(self) -> None:
+        # Unlike futures, counts never announce the end: poll until stop().
+        poll = min(self.interval, 0.25)
+        last_line = time.monotonic()
+        while not self._stop.wait(poll):
+            if self.interactive:
+                self._bar.update(self._bar_task, completed=self._done, total=self._total)
+            elif time.monotonic() - last_line >= self.interval:
+                self._emit(self._done, 0)
+                last_line = time.monotonic()
 
 
 def progress(

@@ -201,7 +201,7 @@ def _record_plan(report: Any, plan: JobPlan) -> None:
 def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str, report: Any, timer: Any,
              plot: bool):
     from rasterflow import graph, write
-    from rasterflow.cluster import ClusterSettings, MemorySampler, open_cluster
+    from rasterflow.cluster import ClusterSettings, CountingProgress, MemorySampler, open_cluster
 
     spec = loaded.spec
     with ExitStack() as stack:
@@ -214,16 +214,16 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
             timer.on_start = sampler.mark
             with timer("graph"):
                 dataset = graph.build_dataset(plan, spec)
-            with timer("compute+write"):
+            with timer("compute+write"), CountingProgress(label="blocks written") as progress:
                 if fmt == "zarr":
                     result = write.write_zarr(dataset, output_path, overwrite=spec.output.overwrite,
                                               compression=spec.output.compression, fingerprint=job_id,
-                                              client=handle.client)
+                                              client=handle.client, progress=progress.update)
                 else:
                     result = write.write_cog(dataset, output_path, overwrite=spec.output.overwrite,
                                              compression=spec.output.compression,
                                              gdal_cachemax=parse_bytes(spec.cluster.gdal_cachemax),
-                                             client=handle.client)
+                                             client=handle.client, progress=progress.update)
             timer.on_start = None
         report.record_memory(sampler)
     if result.blocks_skipped:

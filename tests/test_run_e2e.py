@@ -216,3 +216,39 @@ def test_sigkill_halfway_through_zarr_then_resume(sample, tmp_path):
     resumed = _open_zarr(tmp_path / "out" / "killed.zarr")["ndvi"].values
     uninterrupted = _open_zarr(tmp_path / "out" / "clean.zarr")["ndvi"].values
     np.testing.assert_array_equal(resumed, uninterrupted)
+
+
+def test_plot_and_progress_lines(write_spec, tmp_path):
+    spec = write_spec(reduce="{method: median}", output="out/p.tif")
+    code, output = _run(spec, "--plot")
+    assert code == 0, output
+    png = tmp_path / "out" / "p.tif.memory.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "blocks written done, 100%" in output  # plain progress lines when stdout is not a terminal
+    report = _report(tmp_path / "out" / "p.tif")
+    from rasterflow.report import RunReport, memory_plot_data
+
+    data = memory_plot_data(RunReport.from_dict(report))
+    workers = {s["worker"] for s in report["memory_samples"]} - {"client"}
+    assert len(workers) == 2 and workers <= set(data["series"])
+    for worker in workers:
+        samples = [s for s in report["memory_samples"] if s["worker"] == worker]
+        assert data["series"][worker]["rss"] == [s["rss"] for s in samples]
+        assert max(s.get("rss_peak", s["rss"]) for s in samples) == report["measured_peak_per_worker"][worker]
+    assert data["predicted"] == report["predicted_peak_per_worker"]
+    assert data["thresholds"]["pause"] == int(report["memory_limit"] * 0.8)
+    assert [name for _, name in data["marks"]] == ["graph", "compute+write"]
+
+
+def test_plan_json_and_exit_codes(write_spec):
+    spec = write_spec(reduce="{method: median}")
+    result = CliRunner().invoke(cli, ["plan", "--json", str(spec)])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    assert plan["items"] == 8 and plan["grid"]["shape"] == [256, 256]
+    assert plan["budget"]["chunk_shape"] == {"time": 8, "y": 96, "x": 96}
+    assert plan["budget"]["ok"] is True
+    refused = write_spec("refused.yaml", reduce="{method: median}", chunks="{time: 2, y: 96, x: 96}")
+    result = CliRunner().invoke(cli, ["plan", "--fix", str(refused)])
+    assert result.exit_code == 3
+    assert "chunks: {time: -1}" in result.output

@@ -159,7 +159,8 @@ class _Pool:
             self.executor.shutdown(wait=True, cancel_futures=True)
 
 
-def _stream_blocks(cube: da.Array, nlead: int, client: Any, write: Callable[[tuple, int, int, np.ndarray], None]) -> int:
+def _stream_blocks(cube: da.Array, nlead: int, client: Any, write: Callable[[tuple, int, int, np.ndarray], None],
+                   progress: Callable[[int, int], None] | None = None) -> int:
     """Compute every block of ``cube`` and hand it to ``write(lead_index, i, j, block)``; returns blocks written."""
     (optimized,) = dask.optimize(cube)
     graph = dict(optimized.__dask_graph__())
@@ -180,6 +181,7 @@ def _stream_blocks(cube: da.Array, nlead: int, client: Any, write: Callable[[tup
 
     inflight: dict[Any, list[tuple]] = {}
     written = 0
+    total = sum(len(units) for units in batches)
     try:
         while batches or inflight:
             while batches and sum(len(u) for u in inflight.values()) < max_inflight:
@@ -192,6 +194,8 @@ def _stream_blocks(cube: da.Array, nlead: int, client: Any, write: Callable[[tup
                 for (lead, i, j), block in zip(units, pool.results(handle)):
                     write(lead, i, j, np.asarray(block))
                     written += 1
+                    if progress is not None:
+                        progress(written, total)
     finally:
         pool.close(list(inflight))
     return written
@@ -207,6 +211,7 @@ def write_cog(
     client: Any = None,
     blocksize: int = 512,
     resampling: str = "average",
+    progress: Callable[[int, int], None] | None = None,
 ) -> WriteResult:
     """Write a lazy Dataset as Cloud-Optimized GeoTIFF(s), streaming block by block.
 
@@ -306,7 +311,7 @@ def write_cog(
                 window = Window(int(col_offsets[j]), int(row_offsets[i]), block.shape[-1], block.shape[-2])
                 dst.write(block, window=window)
 
-            written = _stream_blocks(cube, len(lead), client, write)
+            written = _stream_blocks(cube, len(lead), client, write, progress)
             while datasets:
                 datasets.pop().close()
             for stream, partial in zip(stream_files, partial_files):

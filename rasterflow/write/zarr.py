@@ -28,7 +28,7 @@ import math
 import os
 import uuid
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import dask
 import dask.array as da
@@ -231,6 +231,21 @@ def _swap_into_place(staging: str, path: str, *, may_replace: bool) -> None:
 # the writer
 
 
+def _compute_on(client: Any, todo: list, progress: Callable[[int, int], None] | None) -> None:
+    """Compute on the cluster, reporting each finished block; the first failure is raised."""
+    from distributed import as_completed, futures_of
+
+    # persist() optimizes the collections together (as compute() would) and yields one future per output block.
+    futures = futures_of(client.persist(todo))
+    try:
+        for count, future in enumerate(as_completed(futures), start=1):
+            future.result()
+            if progress is not None:
+                progress(count, len(futures))
+    finally:
+        client.cancel(futures)
+
+
 def write_zarr(
     ds: xr.Dataset,
     path: str,
@@ -239,6 +254,7 @@ def write_zarr(
     compression: str = "zstd",
     fingerprint: str,
     client: Any = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> WriteResult:
     """Write a lazy Dataset to a Zarr store, chunk by chunk in parallel, atomically, resuming an interrupted run.
 
@@ -322,7 +338,7 @@ def write_zarr(
         try:
             if todo:
                 if client is not None:
-                    dask.compute(*todo, scheduler=client)
+                    _compute_on(client, todo, progress)
                 else:
                     dask.compute(*todo)
         except Exception as exc:
