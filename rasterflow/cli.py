@@ -140,6 +140,21 @@ def run(specs: tuple[Path, ...], report_path: Path | None, plot: bool) -> int:
 
 
 @cli.command()
+@click.argument("spec", type=click.Path(path_type=Path))
+@click.option("--flamegraph", type=click.Path(path_type=Path), default=None,
+              help="Write memray's HTML flame graph of the task to this path.")
+@click.option("--no-memray", is_flag=True, help="Measure with tracemalloc only.")
+@_guarded
+def profile(spec: Path, flamegraph: Path | None, no_memray: bool) -> int:
+    """Run one representative task in-process and print measured vs predicted memory."""
+    from rasterflow.run import profile_command
+    from rasterflow.spec import load_spec
+
+    return profile_command(load_spec(spec), flamegraph=str(flamegraph) if flamegraph else None,
+                           use_memray=not no_memray)
+
+
+@cli.command()
 @click.option("--write", "write_path", is_flag=False, flag_value="schemas/rasterflow.schema.json", default=None,
               help="Write the schema to PATH (default schemas/rasterflow.schema.json) instead of printing it.")
 @click.option("--check", "check_path", is_flag=False, flag_value="schemas/rasterflow.schema.json", default=None,

@@ -20,7 +20,7 @@ from rasterflow.errors import ExitCode, RasterflowError, RunFailedError
 from rasterflow.plan import JobPlan, local_layout, make_plan
 from rasterflow.units import format_bytes, parse_bytes
 
-__all__ = ["search", "resolve_layout", "plan_command", "run_command", "demo_command", "fingerprint"]
+__all__ = ["search", "resolve_layout", "plan_command", "run_command", "profile_command", "demo_command", "fingerprint"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -236,6 +236,22 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
         plot_memory(report, png)
         _echo(f"memory plot: {png}")
     return result
+
+
+def profile_command(loaded: Any, *, flamegraph: str | None = None, use_memray: bool = True) -> int:
+    """``rasterflow profile``: one representative task in this process, measured vs the model's prediction."""
+    from rasterflow.profile import profile_one_task
+
+    items = search(loaded)
+    spec = loaded.spec
+    tile = source_tile(loaded, budget.pipeline_shape(spec).assets_loaded, items)
+    plan = make_plan(spec, items=items, layout=local_layout(spec), source_tile=tile)
+    if not plan.report.ok:
+        _echo("warning: the budget check refuses this spec; profiling one task anyway", fg="yellow", err=True)
+    result = profile_one_task(plan, spec, use_memray=use_memray, flamegraph=flamegraph)
+    for line in result.lines():
+        _echo(line)
+    return ExitCode.OK
 
 
 def demo_command(*, spec_path: Path | None = None, data_dir: Path | None = None) -> int:

@@ -252,3 +252,18 @@ def test_plan_json_and_exit_codes(write_spec):
     result = CliRunner().invoke(cli, ["plan", "--fix", str(refused)])
     assert result.exit_code == 3
     assert "chunks: {time: -1}" in result.output
+
+
+def test_profile_prints_measured_vs_predicted(write_spec, tmp_path):
+    spec = write_spec(reduce="{method: median}", chunks="{time: -1, y: 128, x: 128}")
+    flame = tmp_path / "flame.html"
+    result = CliRunner().invoke(cli, ["profile", str(spec), "--flamegraph", str(flame)])
+    assert result.exit_code == 0, result.output
+    import re
+
+    predicted = re.search(r"predicted per task\s+([\d.]+) (kB|MB)", result.output)
+    measured = re.search(r"measured, memray\s+([\d.]+) (kB|MB)\s+measured/predicted ([\d.]+)", result.output)
+    assert predicted and measured, result.output
+    assert 0.3 < float(measured.group(3)) < 3.0  # the model is in the right range for one real task
+    assert "largest allocation sites alive at the peak" in result.output
+    assert flame.read_text().lstrip().lower().startswith("<!doctype html")

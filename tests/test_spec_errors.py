@@ -112,6 +112,8 @@ BAD_SPECS = [
     ("reduce-period-week", _replace("method: median", "method: median\n  period: week"), "reduce.period", 24),
     ("format-extension-mismatch", _replace("path: out/ndvi.zarr", "path: out/ndvi.zarr\n  format: cog"), "output.format", 26),
     ("unknown-extension", _replace("path: out/ndvi.zarr", "path: out/ndvi.nc"), "output.path", 25),
+    ("compression-lzw-for-zarr", _replace("overwrite: false", "overwrite: false\n  compression: lzw"),
+     "output.compression", 27),
     ("overwrite-string", _replace("overwrite: false", "overwrite: maybe"), "output.overwrite", 26),
     ("threads-zero", _replace("threads_per_worker: 1", "threads_per_worker: 0"), "cluster.threads_per_worker", 29),
     ("memory-limit-garbage", _replace("memory_limit: 4GB", "memory_limit: lots"), "cluster.memory_limit", 30),

@@ -268,13 +268,19 @@ class Output(_Model):
         suffix = PurePosixPath(self.path.rstrip("/")).suffix.lower()
         implied = _FORMAT_BY_SUFFIX.get(suffix)
         if self.format is None and implied is None:
-            raise _LocatedError(("path",), 
+            raise _LocatedError(("path",),
                 f"cannot tell the format from {self.path!r}; end the path in .zarr or .tif, or set format: zarr | cog"
             )
         if self.format is not None and implied is not None and implied != self.format:
-            raise _LocatedError(("format",), 
+            raise _LocatedError(("format",),
                 f"format {self.format!r} does not match the path's extension {suffix!r} (which means {implied!r}); "
                 f"change one of them"
+            )
+        unsupported = {"zarr": "lzw", "cog": "lz4"}[self.format or implied]
+        if self.compression == unsupported:
+            other = "zstd, deflate, lz4 or none" if unsupported == "lzw" else "zstd, deflate, lzw or none"
+            raise _LocatedError(
+                ("compression",), f"{unsupported} is not available for {self.format or implied}; use {other}"
             )
         return self
 
