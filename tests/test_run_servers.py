@@ -81,3 +81,26 @@ def test_run_on_an_existing_dask_cluster(write_spec, sample, tmp_path, dask_clus
     assert report["memory_limit"] == 1_500_000_000  # the workers' real limit, not the local sizing
     values, ids = _result(out)
     assert_same(values, reduce_reference(masked_ndvi(load_items(sample, ids)), "median"))
+
+
+def test_plan_uses_the_real_workers_limits(write_spec, dask_cluster_address):
+    # The remote workers were started with --memory-limit 1.5GB and 1 thread; the plan must judge against those,
+    # not against what a LocalCluster on this machine would get.
+    chunks = "{time: -1, y: -1, x: -1}"
+    local = write_spec("local.yaml", reduce="{method: median}", chunks=chunks,
+                       cluster="{threads_per_worker: 4, memory_limit: 8GB, gdal_cachemax: 0}")
+    remote = write_spec("remote.yaml", reduce="{method: median}", chunks=chunks,
+                        cluster=f"{{address: '{dask_cluster_address}', threads_per_worker: 1, gdal_cachemax: 0}}")
+    runner = CliRunner()
+    local_plan = json.loads(runner.invoke(cli, ["plan", "--json", str(local)]).output)
+    result = runner.invoke(cli, ["plan", "--json", str(remote)])
+    remote_plan = json.loads(result.output)
+    assert remote_plan["layout"] == {"n_workers": 2, "threads_per_worker": 1, "memory_limit": 1_500_000_000,
+                                     "source": dask_cluster_address}
+    assert remote_plan["budget"]["memory_limit"] == 1_500_000_000
+    assert remote_plan["budget"]["limit_source"] == dask_cluster_address
+    assert local_plan["budget"]["memory_limit"] == 8_000_000_000
+    # the same per-task estimate, judged against each cluster's own limit
+    assert remote_plan["budget"]["peak_task_bytes"] == local_plan["budget"]["peak_task_bytes"]
+    assert remote_plan["budget"]["fraction_of_limit"] == pytest.approx(
+        remote_plan["budget"]["peak_per_worker"] / 1_500_000_000, rel=1e-3)
