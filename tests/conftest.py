@@ -22,6 +22,7 @@ def sample(tmp_path_factory):
 def spec_text(sample, *, catalog: str | None = None, output: str = "out/result.zarr", reduce: str | None = None,
               mask: str | None = '"scl in (3, 8, 9, 10)"', bands: str = 'ndvi: "(nir - red) / (nir + red)"',
               chunks: str = "{time: -1, y: 96, x: 96}", extra: str = "", query: str | None = None,
+              stac_filter: str | None = None,
               cluster: str = "{n_workers: 2, threads_per_worker: 1, memory_limit: 2GB}") -> str:
     """A spec over the sample scenes; keyword arguments replace whole sections."""
     minx, miny, maxx, maxy = sample.bounds
@@ -38,6 +39,8 @@ def spec_text(sample, *, catalog: str | None = None, output: str = "out/result.z
     ]
     if query:
         lines.append(f"    query: {query}")
+    if stac_filter:
+        lines.append(f"    filter: {stac_filter}")
     lines += [
         "  assets: {red: red, nir: nir, green: green, scl: scl}",
         "grid:",

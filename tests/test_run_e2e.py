@@ -42,41 +42,68 @@ def _expected_transform(sample):
     return rasterio.Affine(10.0, 0.0, minx, 0.0, -10.0, maxy)
 
 
-@pytest.mark.parametrize("method,q", [("median", None), ("mean", None), ("quantile", 0.25)])
-def test_zarr_reduction_equals_numpy(write_spec, sample, tmp_path, method, q):
-    reduce = f"{{method: {method}}}" if q is None else f"{{method: quantile, q: {q}}}"
-    spec = write_spec(reduce=reduce, output="out/r.zarr")
-    code, output = _run(spec)
-    assert code == 0, output
-    out = tmp_path / "out" / "r.zarr"
-    ds = _open_zarr(out)
-    assert ds.attrs.get("rasterflow_complete") is True
-    items = load_items(sample, _report(out)["item_ids"])
-    expected = reduce_reference(masked_ndvi(items), method, q)
-    assert_same(ds["ndvi"].values, expected)
-    assert ds.rio.crs.to_epsg() == 32633
-    assert ds.rio.transform() == _expected_transform(sample)
-
-
-def test_cog_median_per_month_equals_numpy(write_spec, sample, tmp_path):
-    spec = write_spec(reduce="{method: median, period: month}", output="out/ndvi.tif")
-    code, output = _run(spec)
-    assert code == 0, output
-    items = load_items(sample, _report(tmp_path / "out" / "ndvi.tif")["item_ids"])
-    series, labels = masked_ndvi(items), np.array(months(items))
+def _read_outputs(out_dir: Path, fmt: str, name: str, labels: list[str] | None):
+    """The written result per period label (None without a period) and its transform, read back from disk."""
+    if fmt == "zarr":
+        ds = _open_zarr(out_dir / f"{name}.zarr")
+        assert ds.attrs.get("rasterflow_complete") is True
+        assert ds.rio.crs.to_epsg() == 32633
+        if labels is None:
+            return {None: ds["ndvi"].values}, ds.rio.transform()
+        return {str(p): ds["ndvi"].sel(period=p).values for p in ds["period"].values}, ds.rio.transform()
     from rio_cogeo.cogeo import cog_validate
 
-    for month in sorted(set(labels)):
-        path = tmp_path / "out" / f"ndvi_{month}.tif"
+    found, transform = {}, None
+    for label in labels or [None]:
+        path = out_dir / (f"{name}.tif" if label is None else f"{name}_{label}.tif")
         valid, errors, warnings = cog_validate(str(path), strict=True)
-        assert valid and not errors and not warnings, (errors, warnings)
+        assert valid and not errors and not warnings, (path, errors, warnings)
         with rasterio.open(path) as src:
-            assert src.crs.to_epsg() == 32633
-            assert src.transform == _expected_transform(sample)
-            assert src.descriptions == ("ndvi",)
-            actual = src.read(1)
-        assert_same(actual, reduce_reference(series[labels == month], "median"))
-    assert not (tmp_path / "out" / "ndvi.tif").exists()
+            assert src.crs.to_epsg() == 32633 and src.descriptions == ("ndvi",)
+            found[label], transform = src.read(1), src.transform
+    return found, transform
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "cog"])
+@pytest.mark.parametrize("period", [None, "month"])
+@pytest.mark.parametrize("method,q", [("median", None), ("mean", None), ("quantile", 0.25)])
+def test_result_equals_numpy(write_spec, sample, tmp_path, fmt, period, method, q):
+    reduce = f"{{method: {method}" + (f", q: {q}" if q is not None else "") + (f", period: {period}" if period else "")
+    suffix = "zarr" if fmt == "zarr" else "tif"
+    spec = write_spec(reduce=reduce + "}", output=f"out/r.{suffix}")
+    code, output = _run(spec)
+    assert code == 0, output
+    items = load_items(sample, _report(tmp_path / "out" / f"r.{suffix}")["item_ids"])
+    series = masked_ndvi(items)
+    labels = np.array(months(items)) if period else None
+    expected = ({None: reduce_reference(series, method, q)} if labels is None else
+                {m: reduce_reference(series[labels == m], method, q) for m in sorted(set(labels))})
+    actual, transform = _read_outputs(tmp_path / "out", fmt, "r", sorted(expected) if period else None)
+    assert sorted(actual, key=str) == sorted(expected, key=str)
+    assert len(expected) >= (3 if period else 1)
+    for label, values in expected.items():
+        assert_same(actual[label], values, rtol=1e-5 if method == "quantile" else 2e-6)
+    assert transform == _expected_transform(sample)
+
+
+def test_items_with_proj_code_only_land_on_the_same_grid(write_spec, sample, tmp_path):
+    # pystac >= 1.12 writes proj:code instead of proj:epsg; stackstac 0.5.1 reads only proj:epsg and, given an
+    # explicit epsg, silently shifts the grid. The catalog restores proj:epsg; the result must stay pixel-exact.
+    items = json.loads(Path(sample.items_json).read_text())
+    for item in items["features"]:
+        item["properties"].pop("proj:epsg", None)
+        for asset in item["assets"].values():
+            asset.pop("proj:epsg", None)
+        assert item["properties"]["proj:code"] == "EPSG:32633"
+    rewritten = tmp_path / "proj_code_items.json"
+    rewritten.write_text(json.dumps(items))
+    spec = write_spec(catalog=str(rewritten), reduce="{method: median}", output="out/pc.zarr")
+    code, output = _run(spec)
+    assert code == 0, output
+    ds = _open_zarr(tmp_path / "out" / "pc.zarr")
+    assert ds.rio.transform() == _expected_transform(sample)
+    items_used = load_items(sample, _report(tmp_path / "out" / "pc.zarr")["item_ids"])
+    assert_same(ds["ndvi"].values, reduce_reference(masked_ndvi(items_used), "median"))
 
 
 def test_zarr_quantiles_per_month_and_two_bands(write_spec, sample, tmp_path):

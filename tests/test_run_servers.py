@@ -52,10 +52,15 @@ def test_rustac_api_gives_the_same_result_as_the_local_file(write_spec, sample, 
     assert_same(api_values, reduce_reference(masked_ndvi(load_items(sample, api_ids)), "median"))
 
 
-def test_pgstac_query_filters_items_like_the_local_path(write_spec, sample, tmp_path, pgstac_url):
-    query = '{"eo:cloud_cover": {lt: 40}}'
-    local = write_spec("local.yaml", reduce="{method: median}", output="out/local.zarr", query=query)
-    remote = write_spec("api.yaml", catalog=pgstac_url, reduce="{method: median}", output="out/api.zarr", query=query)
+@pytest.mark.parametrize("selection", [
+    {"query": '{"eo:cloud_cover": {lt: 40}}'},
+    {"stac_filter": '"eo:cloud_cover < 40"'},
+    {"stac_filter": '{op: "<", args: [{property: "eo:cloud_cover"}, 40]}'},
+], ids=["query", "cql2-text", "cql2-json"])
+def test_pgstac_query_filters_items_like_the_local_path(write_spec, sample, tmp_path, pgstac_url, selection):
+    local = write_spec("local.yaml", reduce="{method: median}", output="out/local.zarr", **selection)
+    remote = write_spec("api.yaml", catalog=pgstac_url, reduce="{method: median}", output="out/api.zarr",
+                        **selection)
     assert _run(local)[0] == 0
     code, output = _run(remote)
     assert code == 0, output
