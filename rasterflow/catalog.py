@@ -48,7 +48,6 @@ Every returned item dict carries ``proj:epsg`` wherever it carried ``proj:code``
 
 from __future__ import annotations
 
-import calendar
 import json
 import logging
 import math
@@ -56,11 +55,12 @@ import re
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from rasterflow.errors import CatalogError, NoItemsFoundError
+from rasterflow.spec.timeparse import DatetimeWindow, format_interval, parse_datetime_window, parse_instant
 
 __all__ = [
     "source_tile_shape",
@@ -144,39 +144,17 @@ class StacQuery:
 # datetime
 
 
-_DURATION_RE = re.compile(
-    r"^P(?!$)(?:(?P<years>\d+)Y)?(?:(?P<months>\d+)M)?(?:(?P<weeks>\d+)W)?(?:(?P<days>\d+)D)?"
-    r"(?:T(?=\d)(?:(?P<hours>\d+)H)?(?:(?P<minutes>\d+)M)?(?:(?P<seconds>\d+(?:\.\d+)?)S)?)?$",
-    re.IGNORECASE,
-)
-_PARTIAL_DATE_RE = re.compile(r"^(\d{4})(?:-(\d{2}))?(?:-(\d{2}))?$")
-
-
-def _utc(dt: datetime) -> datetime:
-    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
-
-
-def _fmt(dt: datetime) -> str:
-    """RFC 3339 in UTC with a ``Z``; microseconds only when there are some."""
-    dt = _utc(dt)
-    text = dt.strftime("%Y-%m-%dT%H:%M:%S")
-    if dt.microsecond:
-        text += f".{dt.microsecond:06d}"
-    return text + "Z"
-
-
-def _minus_months(dt: datetime, months: int) -> datetime:
-    total = dt.year * 12 + (dt.month - 1) - months
-    year, month = divmod(total, 12)
-    month += 1
-    day = min(dt.day, calendar.monthrange(year, month)[1])
-    return dt.replace(year=year, month=month, day=day)
+def _parse_instant(value: Any) -> datetime:
+    """An item timestamp (RFC 3339 date-time, or a bare date as its midnight) in UTC; see
+    :func:`rasterflow.spec.timeparse.parse_instant`. Raises ``ValueError`` / ``TypeError``."""
+    return parse_instant(value)
 
 
 def resolve_datetime(value: str | None, now: datetime | None = None) -> str | None:
     """Turn a relative window (``P30D``, ``P1Y``, ``PT12H``...) into an explicit ``start/end`` interval ending at
     ``now`` (default: the current UTC time; a naive ``now`` is taken as UTC). Anything else is returned stripped
-    and otherwise unchanged; ``None`` and empty text give ``None``.
+    and otherwise unchanged; ``None`` and empty text give ``None``. Parsing is
+    :func:`rasterflow.spec.timeparse.parse_datetime_window`, the spec validator's own.
 
     >>> resolve_datetime("P30D", now=datetime(2024, 9, 15, tzinfo=timezone.utc))
     '2024-08-16T00:00:00Z/2024-09-15T00:00:00Z'
@@ -186,80 +164,36 @@ def resolve_datetime(value: str | None, now: datetime | None = None) -> str | No
     text = str(value).strip()
     if not text:
         return None
-    m = _DURATION_RE.match(text)
-    if not m:
+    if text[0] not in "Pp" or "/" in text:
         return text
-    end = _utc(now) if now is not None else datetime.now(timezone.utc)
-    parts = {k: (float(v) if k == "seconds" else int(v)) if v else 0 for k, v in m.groupdict().items()}
-    start = _minus_months(end, parts["years"] * 12 + parts["months"])
-    start -= timedelta(
-        weeks=parts["weeks"], days=parts["days"], hours=parts["hours"], minutes=parts["minutes"],
-        seconds=parts["seconds"],
-    )
-    return f"{_fmt(start)}/{_fmt(end)}"
+    return _parse_window(text).to_stac(now)
 
 
-def _parse_instant(text: str) -> datetime:
-    """A full RFC 3339 / ISO 8601 timestamp; naive means UTC; more than 6 fraction digits are truncated."""
-    t = text.strip()
-    if t.endswith(("z", "Z")):
-        t = t[:-1] + "+00:00"
-    t = re.sub(r"(\.\d{6})\d+", r"\1", t)
-    return _utc(datetime.fromisoformat(t))
-
-
-def _parse_bound(text: str, *, end: bool) -> datetime:
-    """One bound of an interval; a partial date stands for its first (start) or last (end) microsecond."""
-    m = _PARTIAL_DATE_RE.match(text)
-    if m:
-        year, month, day = int(m[1]), int(m[2] or 1), int(m[3] or 1)
-        start = datetime(year, month, day, tzinfo=timezone.utc)
-        if not end:
-            return start
-        if m[3]:
-            nxt = start + timedelta(days=1)
-        elif m[2]:
-            nxt = _minus_months(start, -1)
-        else:
-            nxt = start.replace(year=year + 1)
-        return nxt - timedelta(microseconds=1)
-    return _parse_instant(text)
-
-
-def _parse_interval(text: str | None) -> tuple[datetime | None, datetime | None] | None:
-    """``start/end`` (either may be open) from an explicit interval; ``None`` when there is no constraint."""
-    if text is None:
-        return None
-    parts = text.split("/")
+def _parse_window(text: str) -> DatetimeWindow:
     try:
-        if len(parts) == 1:
-            if _PARTIAL_DATE_RE.match(parts[0]):
-                return _parse_bound(parts[0], end=False), _parse_bound(parts[0], end=True)
-            instant = _parse_instant(parts[0])
-            return instant, instant
-        if len(parts) != 2:
-            raise ValueError("more than one '/'")
-        start = None if parts[0].strip() in ("", "..") else _parse_bound(parts[0].strip(), end=False)
-        end = None if parts[1].strip() in ("", "..") else _parse_bound(parts[1].strip(), end=True)
+        return parse_datetime_window(text)
     except ValueError as exc:
-        raise CatalogError(
-            f"invalid datetime {text!r} ({exc}); use an ISO 8601 interval such as 2024-06-01/2024-08-31 "
-            "(open ends '..'), a single date, or a relative window such as P30D, P1Y, PT12H"
-        ) from None
-    if start is None and end is None:
+        raise CatalogError(f"invalid datetime {text.strip()!r}: {exc}") from None
+
+
+def _parse_interval(
+    text: str | None, now: datetime | None = None
+) -> tuple[datetime | None, datetime | None] | None:
+    """UTC ``(start, end)`` (either may be open) of a ``datetime`` value, a relative one ending at ``now``;
+    ``None`` when there is no constraint (``None``, empty, or ``../..``). Raises :class:`CatalogError`."""
+    if text is None or not str(text).strip():
         return None
-    if start is not None and end is not None and start > end:
-        raise CatalogError(f"invalid datetime {text!r}: the start is after the end")
-    return start, end
+    window = _parse_window(str(text))
+    if window.unbounded:
+        return None
+    try:
+        return window.resolve(now)
+    except ValueError as exc:
+        raise CatalogError(f"invalid datetime {str(text).strip()!r}: {exc}") from None
 
 
 def _interval_text(interval: tuple[datetime | None, datetime | None] | None) -> str | None:
-    if interval is None:
-        return None
-    start, end = interval
-    if start is not None and start == end:
-        return _fmt(start)
-    return f"{_fmt(start) if start else '..'}/{_fmt(end) if end else '..'}"
+    return None if interval is None else format_interval(*interval)
 
 
 def item_datetime_range(item: Mapping[str, Any]) -> tuple[datetime | None, datetime | None]:
@@ -770,7 +704,7 @@ def search_items(
     a STAC API per page, ``timeout`` the seconds to wait for one of its answers. Raises :class:`CatalogError` when the catalog cannot be read or searched, and
     :class:`NoItemsFoundError` (a ``CatalogError``) when nothing matched; its message repeats the search.
     """
-    interval = _parse_interval(resolve_datetime(q.datetime, now))
+    interval = _parse_interval(q.datetime, now)
     interval_text = _interval_text(interval)
     catalog = str(q.catalog).strip()
     local_all: list[dict] | None = None
