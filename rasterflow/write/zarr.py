@@ -238,7 +238,8 @@ def _compute_on(client: Any, todo: list, progress: Callable[[int, int], None] | 
     # persist() optimizes the collections together (as compute() would) and yields one future per output block.
     futures = futures_of(client.persist(todo))
     try:
-        for count, future in enumerate(as_completed(futures), start=1):
+        # bound to this client's loop: without it as_completed looks for a *default* client
+        for count, future in enumerate(as_completed(futures, loop=client.loop), start=1):
             future.result()
             if progress is not None:
                 progress(count, len(futures))
