@@ -33,25 +33,32 @@ __all__ = [
     "DEFAULT_ASSUMED_ITEMS",
 ]
 
-# Working copies a reduction over time makes, in planes of its input (t × y × x, working dtype).
-# Source: NumPy's implementations. nanmedian/nanquantile sort a NaN-replaced copy and keep a boolean NaN mask
-# (1 + 1/4 plane for float32); nanmean/nansum copy with NaN -> 0 plus a count (1 + 1/4); nanstd does that twice;
-# count only needs the boolean mask; nanmin/nanmax reduce with fmin/fmax without a copy.
-# Calibrated with benchmarks/budget_accuracy.py (see benchmarks/README.md).
+# Working copies a reduction over time makes, in planes of its input (t × y × x, working dtype), on top of the planes
+# the task holds. Measured with benchmarks/budget_accuracy.py (the reduction table it prints first) on 2026-12-02:
+# kernels.reduce_time on a 16 × 1024 × 1024 series with 30 % NaN, RSS high-water mark above the input, bottleneck
+# 1.6.1, NumPy 2.4:
+# - median, mean, std, min, max: 0.063 planes for float32 and float64, i.e. only the (y, x) result (1/t of a plane):
+#   bottleneck reduces along the time axis without copying the series (NumPy's nanmedian/nanmean would copy it).
+#   0.1 covers the result for t >= 10.
+# - sum: 0.39 (float32) / 0.26 (float64): the boolean valid mask (1/4 resp. 1/8 plane) and its any() over time.
+# - count: 0.37 / 0.19: ~isnan's two boolean temporaries. Both rounded up to 0.5.
+# - quantile: 2.08 / 2.31 (float32, 1 / 3 quantiles), 1.76 / 1.95 (float64): np.sort's sorted copy plus its
+#   buffer along the non-contiguous time axis, and the valid count; rounded up to 2.5 (a few more quantiles fit).
 REDUCTION_EXTRA_PLANES: Mapping[str, float] = {
-    "median": 1.5,
-    "quantile": 1.5,
-    "mean": 1.25,
-    "sum": 1.25,
-    "std": 2.5,
-    "count": 0.25,
-    "min": 0.25,
-    "max": 0.25,
+    "median": 0.1,
+    "quantile": 2.5,
+    "mean": 0.1,
+    "sum": 0.5,
+    "std": 0.1,
+    "count": 0.5,
+    "min": 0.1,
+    "max": 0.1,
 }
 
-WORKER_BASELINE_BYTES = 200 * 10**6
-"""RSS of an idle Dask worker with NumPy, rasterio/GDAL, xarray and stackstac imported (measured on this machine's
-Python 3.11 stack: 170-190 MB), rounded up."""
+WORKER_BASELINE_BYTES = 180 * 10**6
+"""RSS of an idle Dask worker after importing what a task imports (NumPy, rasterio/GDAL, xarray, stackstac, zarr,
+bottleneck, rasterflow's kernels). Measured by benchmarks/budget_accuracy.py on 2026-12-02 (Python 3.11, dask
+2026.8, one-thread LocalCluster worker): 168-174 MB over seven runs; rounded up to 180 MB."""
 
 DEFAULT_ASSUMED_ITEMS = 100
 """Time-axis length assumed by the static check when ``max_items`` is not set (a warning says so)."""
