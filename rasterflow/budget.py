@@ -2,9 +2,12 @@
 
 DOMAIN.md: ``peak per worker ≈ chunk_bytes × live_arrays × threads_per_worker + GDAL block cache + interpreter``.
 
-rasterflow runs mask, band math and the reduction of one chunk fused in a single task (``graph.py``), so a task's
+rasterflow runs mask, band math and the reduction of one chunk fused in a single task (``kernels.py``), so a task's
 memory is counted in *planes*: one plane is one asset's chunk over the time axis, ``t × y × x`` in the working dtype.
-Each stage adds the planes it keeps alive (from ``expr.py``'s liveness count) to those still held by the task.
+The task holds the loaded block (in the source dtype when the items allow it) and one output series per band; mask
+and band math run one date at a time, so the temporaries that ``expr.py``'s liveness count predicts are planes of a
+single date (1/t of a plane each). The reduction adds its own working copies. Each thread also keeps the source
+files it opened (GDAL datasets with a small file cache) for the whole job.
 Nothing here imports Dask or touches the network: ``validate`` runs this in milliseconds.
 """
 
@@ -60,6 +63,14 @@ WORKER_BASELINE_BYTES = 180 * 10**6
 bottleneck, rasterflow's kernels). Measured by benchmarks/budget_accuracy.py on 2026-12-02 (Python 3.11, dask
 2026.8, one-thread LocalCluster worker): 168-174 MB over seven runs; rounded up to 180 MB."""
 
+LOAD_COPIES = 1
+"""Copies of the loaded block alive in a task: the read output itself; the kernel takes it without a copy."""
+
+OPEN_FILE_BYTES = 2 * 10**6
+"""Memory each open source file keeps per worker thread for the whole job: a GDAL dataset with its header and a
+1 MB file cache (graph.VSI_CACHE_SIZE). Measured with benchmarks/budget_accuracy.py on 2026-12-02: ~2 MB per
+file and thread (4.5 MB with GDAL's default 25 MB cache)."""
+
 DEFAULT_ASSUMED_ITEMS = 100
 """Time-axis length assumed by the static check when ``max_items`` is not set (a warning says so)."""
 
@@ -84,6 +95,7 @@ class PipelineShape:
     bands: tuple[tuple[str, Expression], ...]
     reduce_method: str | None
     n_quantiles: int
+    has_period: bool = False
 
 
 def pipeline_shape(spec: Any) -> PipelineShape:
@@ -104,6 +116,7 @@ def pipeline_shape(spec: Any) -> PipelineShape:
         bands=tuple(bands),
         reduce_method=spec.reduce.method if spec.reduce else None,
         n_quantiles=len(spec.reduce.quantiles) if spec.reduce else 0,
+        has_period=bool(spec.reduce and spec.reduce.period),
     )
 
 
@@ -129,6 +142,9 @@ class BudgetInputs:
     max_fraction: float
     source_tile: tuple[int, int] | None = None
     """Internal tile (block) shape of the source COGs, when known (``plan`` reads one file's header)."""
+    load_dtype: str | None = None
+    """dtype the block is loaded in (the source integers, e.g. uint16) when known from the items; None = working
+    dtype (the static check assumes floats: it cannot know the items)."""
 
     @property
     def time_per_chunk(self) -> int:
@@ -189,6 +205,8 @@ class BudgetReport:
     task_count: int
     refusals: tuple[str, ...]
     warnings: tuple[str, ...]
+    open_files_bytes: int = 0
+    """Per thread: the source files it keeps open for the job."""
     fixes: tuple[Fix, ...] = field(default=())
 
     @property
@@ -203,7 +221,8 @@ class BudgetReport:
     def formula(self) -> str:
         inputs = self.inputs
         return (
-            f"{format_bytes(self.peak_task_bytes)} per task ({self.worst_stage.stage}) × {inputs.threads_per_worker} "
+            f"({format_bytes(self.peak_task_bytes)} per task ({self.worst_stage.stage}) + "
+            f"{format_bytes(self.open_files_bytes)} open files) × {inputs.threads_per_worker} "
             f"thread{'s' if inputs.threads_per_worker != 1 else ''} + {format_bytes(inputs.gdal_cachemax)} GDAL cache + "
             f"{format_bytes(WORKER_BASELINE_BYTES)} baseline = {format_bytes(self.peak_per_worker)}"
         )
@@ -235,6 +254,7 @@ class BudgetReport:
             ],
             "worst_stage": self.worst_stage.stage,
             "peak_task_bytes": self.peak_task_bytes,
+            "open_files_bytes": self.open_files_bytes,
             "threads_per_worker": inputs.threads_per_worker,
             "n_workers": inputs.n_workers,
             "gdal_cachemax": inputs.gdal_cachemax,
@@ -255,30 +275,43 @@ class BudgetReport:
 
 
 def stage_estimates(shape: PipelineShape, inputs: BudgetInputs) -> tuple[StageEstimate, ...]:
-    """Per-stage peak of one task, in planes and bytes, following the fused kernel's evaluation order."""
+    """Per-stage peak of one task, following :mod:`rasterflow.kernels` (planes: ``t × y × x`` working dtype)."""
     plane = inputs.plane_bytes
-    n_loaded = len(shape.assets_loaded)
+    load_size = dtype_itemsize(inputs.load_dtype or inputs.dtype) / dtype_itemsize(inputs.dtype)
+    n_loaded, n_bands = len(shape.assets_loaded), len(shape.bands)
     stages = []
 
     def add(stage: str, planes: float, detail: str) -> None:
-        stages.append(StageEstimate(stage, planes, int(planes * plane), detail))
+        stages.append(StageEstimate(stage, round(planes, 3), int(planes * plane), detail))
 
-    held = float(n_loaded)
-    add("load", held, f"{n_loaded} asset plane{'s' if n_loaded != 1 else ''} ({', '.join(shape.assets_loaded)})")
+    block = LOAD_COPIES * n_loaded * load_size
+    add("load", block, f"{n_loaded} asset(s) loaded as {inputs.load_dtype or inputs.dtype}")
+    held = block + n_bands  # the block and one output series per band, for the whole task
+    per_date = 1 / inputs.time_per_chunk
     if shape.mask is not None:
-        mask_extra = shape.mask.live_arrays - len(shape.mask.names)
-        n_masked = len(shape.masked_assets)
-        planes = held + max(mask_extra, 1 + n_masked)
-        add("mask", planes, f"{n_loaded} loaded + max({mask_extra} while evaluating, 1 mask + {n_masked} masked copies)")
-        held += n_masked
-    for name, expr in shape.bands:
-        extra = expr.live_arrays - len(expr.names)
-        add(f"band {name}", held + extra, f"{held:g} held + {extra} live (result included)")
-        held += 1
-    if shape.reduce_method:
-        extra = REDUCTION_EXTRA_PLANES[shape.reduce_method]
-        add(f"reduce {shape.reduce_method}", held + extra, f"{held:g} held + {extra:g} working copies")
+        temps = n_loaded + shape.mask.live_arrays - len(shape.mask.names)
+        add("mask", held + temps * per_date,
+            f"block + {n_bands} band series + {temps} one-date planes (assets in working dtype, mask temporaries)")
+    for index, (name, expr) in enumerate(shape.bands):
+        temps = n_loaded + index + expr.live_arrays - len(expr.names)
+        add(f"band {name}", held + temps * per_date,
+            f"block + {n_bands} band series + {temps} one-date planes (assets, earlier bands, {expr.live_arrays} live)")
+    if shape.reduce_method and inputs.time_per_chunk == inputs.n_time:
+        extra = REDUCTION_EXTRA_PLANES[shape.reduce_method] + (1 if shape.has_period else 0)
+        add(f"reduce {shape.reduce_method}", held + extra,
+            f"block + {n_bands} band series + {extra:g} working copies" + (" (period subset)" if shape.has_period else ""))
+    else:
+        # kernels.band_block: the series are copied into one (t, band, y, x) output; a chunked-time reduction then
+        # runs on that output with NumPy's nan-functions (a copy plus a mask).
+        extra = n_bands + (1.25 if shape.reduce_method else 0)
+        add("bands out" if not shape.reduce_method else f"reduce {shape.reduce_method} (tree)", held + extra,
+            f"block + {n_bands} band series + {extra:g} planes of output and working copies")
     return tuple(stages)
+
+
+def open_files_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
+    """Source files one thread keeps open: every date and loaded asset it reads, :data:`OPEN_FILE_BYTES` each."""
+    return inputs.n_time * len(shape.assets_loaded) * OPEN_FILE_BYTES
 
 
 def estimate_task_count(inputs: BudgetInputs, n_bands: int, reduce_method: str | None) -> int:
@@ -296,7 +329,8 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
     """Estimate the peak per worker and decide. Fixes are solved for separately (:func:`solve_fixes`)."""
     stages = stage_estimates(shape, inputs)
     peak_task = max(s.bytes_per_task for s in stages)
-    peak_worker = peak_task * inputs.threads_per_worker + inputs.gdal_cachemax + WORKER_BASELINE_BYTES
+    files = open_files_bytes(shape, inputs)
+    peak_worker = (peak_task + files) * inputs.threads_per_worker + inputs.gdal_cachemax + WORKER_BASELINE_BYTES
     allowed = int(inputs.max_fraction * inputs.memory_limit)
     refusals, warnings = [], []
     if peak_worker > allowed:
@@ -304,7 +338,7 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
         text = (
             f"over budget: the {worst.stage} stage holds {worst.planes:g} planes of "
             f"{_plane_words(inputs)} = {format_bytes(worst.bytes_per_task)} per task; "
-            f"{format_bytes(peak_task)} × {inputs.threads_per_worker} thread(s) + "
+            f"({format_bytes(peak_task)} + {format_bytes(files)} open files) × {inputs.threads_per_worker} thread(s) + "
             f"{format_bytes(inputs.gdal_cachemax)} GDAL cache + {format_bytes(WORKER_BASELINE_BYTES)} baseline = "
             f"{format_bytes(peak_worker)} per worker, more than {inputs.max_fraction:g} × "
             f"{format_bytes(inputs.memory_limit)} limit = {format_bytes(allowed)}"
@@ -353,6 +387,7 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
         task_count=tasks,
         refusals=tuple(refusals),
         warnings=tuple(warnings),
+        open_files_bytes=files,
     )
 
 
@@ -435,7 +470,8 @@ def _largest_square_chunk(shape: PipelineShape, inputs: BudgetInputs) -> int | N
     """The largest square spatial chunk (multiple of 256, or of 64 below 256) whose estimate passes."""
     unit = dataclasses.replace(inputs, chunk_y=1, chunk_x=1, grid_shape=(1, 1))
     per_pixel_task = max(s.bytes_per_task for s in stage_estimates(shape, unit))
-    room = inputs.max_fraction * inputs.memory_limit - inputs.gdal_cachemax - WORKER_BASELINE_BYTES
+    room = (inputs.max_fraction * inputs.memory_limit - inputs.gdal_cachemax - WORKER_BASELINE_BYTES
+            - open_files_bytes(shape, inputs) * inputs.threads_per_worker)
     if room <= 0 or per_pixel_task <= 0:
         return None
     side = int(math.sqrt(room / (per_pixel_task * inputs.threads_per_worker)))

@@ -1,26 +1,32 @@
 """Compile a plan into a lazy xarray Dataset: load (stackstac) -> scale -> mask -> band math -> reduction.
 
 Nothing here computes: the result is a Dask-backed Dataset that a writer streams to storage chunk by chunk.
-With time whole (the default) mask, bands and reduction run fused in one task per spatial chunk
-(:func:`rasterflow.kernels.reduce_block`), so no intermediate leaves its task and no data moves between workers.
+With time whole (the default) the read, mask, bands and reduction of a spatial chunk run fused in one task
+(:func:`rasterflow.kernels.reduce_block`) that depends on no other task, so no intermediate leaves its task, the
+chunks spread over all workers and no data moves between them. Blocks are loaded in the source's integer dtype
+when the STAC metadata allows it (:func:`source_encoding`) and converted per date inside the kernel.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Any, Sequence
 
+import dask
 import dask.array as da
 import numpy as np
 import xarray as xr
 
 from rasterflow import kernels
-from rasterflow.plan import JobPlan
+from rasterflow.plan import JobPlan, source_encoding
 
 __all__ = ["build_dataset", "load_cube", "make_program", "scale_offset_table"]
 
 
-def load_cube(items: Sequence[dict], asset_keys: Sequence[str], plan: JobPlan, spec: Any) -> xr.DataArray:
-    """A lazy ``(time, band, y, x)`` cube on the plan's grid, in the working dtype with NaN for nodata.
+def load_cube(items: Sequence[dict], asset_keys: Sequence[str], plan: JobPlan, spec: Any,
+              encoding: tuple[str, int] | None) -> xr.DataArray:
+    """A lazy ``(time, band, y, x)`` cube on the plan's grid: raw integers (``encoding``) or the working dtype.
 
     Raw values (no scale/offset: stackstac refuses float32 with ``rescale=True``; the kernel applies them per item),
     bands whole in each chunk, time whole or chunked as planned.
@@ -28,16 +34,22 @@ def load_cube(items: Sequence[dict], asset_keys: Sequence[str], plan: JobPlan, s
     import stackstac
     from rasterio.enums import Resampling
 
+    if encoding is not None:
+        dtype = np.dtype(encoding[0])
+        fill_value = dtype.type(encoding[1])
+    else:
+        dtype = np.dtype(spec.grid.dtype)
+        fill_value = dtype.type(np.nan)
     chunks = plan.chunks
-    return stackstac.stack(
+    cube = stackstac.stack(
         [dict(item) for item in items],
         assets=list(asset_keys),
         epsg=plan.grid.epsg,
         resolution=plan.grid.resolution,
         bounds=plan.grid.bounds,
         snap_bounds=False,
-        dtype=np.dtype(spec.grid.dtype),
-        fill_value=np.dtype(spec.grid.dtype).type(np.nan),
+        dtype=dtype,
+        fill_value=fill_value,
         rescale=False,
         chunksize=(chunks["time"], len(asset_keys), chunks["y"], chunks["x"]),
         resampling=Resampling[spec.grid.resampling],
@@ -45,7 +57,105 @@ def load_cube(items: Sequence[dict], asset_keys: Sequence[str], plan: JobPlan, s
         xy_coords="center",
         properties=False,
         band_coords=False,
+        gdal_env=_gdal_env(),
     )
+    return cube.copy(data=_readers_in_every_task(cube.data, fill_value))
+
+
+VSI_CACHE_SIZE = 1_000_000
+"""Bytes of file cache GDAL keeps per open asset. stackstac opens files with VSI_CACHE on, and GDAL's default size
+is 25 MB *per file handle*; readers stay open for the whole job, so every asset a worker touched kept up to 25 MB
+(~600 MB per worker for 8 dates x 3 assets, more with more dates). The cache is there so that re-opening a COG in
+another thread does not fetch its header again; 1 MB holds a header."""
+
+
+def _gdal_env():
+    from stackstac.rio_reader import DEFAULT_GDAL_ENV, LayeredEnv
+
+    default = DEFAULT_GDAL_ENV
+    return LayeredEnv(always=default._always, open={**default._open, "VSI_CACHE_SIZE": VSI_CACHE_SIZE},
+                      open_vrt=default._open_vrt, read=default._read)
+
+
+_READER_TABLES: OrderedDict[str, np.ndarray] = OrderedDict()
+_READER_TABLES_LOCK = threading.Lock()
+
+
+def _fetch(table: tuple[str, np.ndarray], slices: tuple[slice, slice], dtype: np.dtype, fill_value: Any) -> np.ndarray:
+    """The ``(time, asset, y, x)`` block of one window, read with the readers this worker process already opened.
+
+    stackstac's ``fetch_raster_window``, except that an asset that needs no warping and whose file nodata is the
+    fill value is read straight into the block: stackstac's reader reads a masked array, fills it and copies it in
+    (~0.14 s instead of ~0.08 s per 1024² x 8 dates x 3 assets), for the same values.
+    """
+    from rasterio import windows
+
+    key, readers = table
+    with _READER_TABLES_LOCK:
+        readers = _READER_TABLES.setdefault(key, readers)
+        _READER_TABLES.move_to_end(key)
+        # Only recent tables stay: the open datasets of a finished job close with their readers.
+        while len(_READER_TABLES) > 16:
+            _READER_TABLES.popitem(last=False)
+    window = windows.Window.from_slices(*slices)
+    block = np.full(readers.shape + (window.height, window.width), fill_value, dtype=dtype)
+    for index, entry in np.ndenumerate(readers):
+        if not entry:
+            continue
+        reader, asset_window = entry
+        if windows.intersect(window, asset_window) and not _read_plain(reader, window, block[index], fill_value):
+            block[index] = reader.read(window)
+    return block
+
+
+def _read_plain(reader: Any, window: Any, out: np.ndarray, fill_value: Any) -> bool:
+    """Read one asset into ``out`` without a mask when that gives stackstac's values; False when it would not."""
+    from rasterio.vrt import WarpedVRT
+    from stackstac.rio_reader import ThreadLocalRioDataset
+
+    if tuple(reader.scale_offset) != (1, 0):
+        return False
+    source = reader.dataset  # opens the file on first use in this thread
+    if not isinstance(source, ThreadLocalRioDataset):
+        return False
+    dataset = source.dataset
+    if isinstance(dataset, WarpedVRT) or dataset.count != 1 or dataset.nodata is None or dataset.nodata != fill_value:
+        return False
+    source.read(window, out=out[None])  # nodata pixels already hold the fill value
+    return True
+
+
+def _readers_in_every_task(data: da.Array, fill_value: Any) -> da.Array:
+    """stackstac's cube with the reader table embedded in each read task instead of computed by one shared task.
+
+    stackstac opens its readers in one task that every read depends on. Distributed places a task next to its
+    dependencies, and a tiny shared one pulls every chunk onto the worker that ran it whenever a job has few
+    chunks (up to 2 per thread are not "root-ish"): one worker did all the work. Built here in the client
+    (it only constructs reader objects, no I/O) and embedded, every chunk is an independent root task that
+    fuses with the kernel and the writer, and nothing moves between workers. Each worker process keeps the
+    unpickled readers per table block (:func:`_fetch`), so files are opened once per process, as before.
+    """
+    from dask.blockwise import BlockwiseDepDict, blockwise
+    from dask.highlevelgraph import HighLevelGraph
+    from dask.layers import ArraySliceDep
+    from dask.local import get_sync
+
+    graph = data.dask
+    (reader_layer,) = [name for name in graph.layers if name.startswith("asset_table_to_reader_and_window-")]
+    keys = sorted(graph.layers[reader_layer].get_output_keys())
+    token = dask.base.tokenize(data.name)
+    tables = {key[1:]: (f"{token}-{key[1]}-{key[2]}", readers)
+              for key, readers in zip(keys, get_sync(dict(graph.cull(set(keys))), keys))}
+    name = f"rasterflow-read-{token}"
+    layer = blockwise(
+        _fetch, name, "tbyx",
+        BlockwiseDepDict(tables, numblocks=data.numblocks[:2]), "tb",
+        ArraySliceDep(data.chunks[2:]), "yx",
+        data.dtype, None, fill_value, None,
+        numblocks={},
+    )
+    return da.Array(HighLevelGraph.from_collections(name, layer, []), name, data.chunks,
+                    meta=np.ndarray((0, 0, 0, 0), dtype=data.dtype))
 
 
 def scale_offset_table(items: Sequence[dict], asset_keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -63,7 +173,8 @@ def scale_offset_table(items: Sequence[dict], asset_keys: Sequence[str]) -> tupl
     return scale, offset
 
 
-def make_program(spec: Any, plan: JobPlan, times: Sequence[np.datetime64]) -> tuple[kernels.Program, tuple[str, ...]]:
+def make_program(spec: Any, plan: JobPlan, times: Sequence[np.datetime64],
+                 nodata: int | None = None) -> tuple[kernels.Program, tuple[str, ...]]:
     """The kernel program and the period labels (empty without a period)."""
     shape = plan.shape
     labels: tuple[str, ...] = ()
@@ -79,6 +190,7 @@ def make_program(spec: Any, plan: JobPlan, times: Sequence[np.datetime64]) -> tu
         reduce_method=spec.reduce.method if spec.reduce else None,
         quantiles=spec.reduce.quantiles if spec.reduce else (),
         groups=groups,
+        nodata=nodata,
     )
     return program, labels
 
@@ -90,8 +202,9 @@ def build_dataset(plan: JobPlan, spec: Any) -> xr.Dataset:
 
     items = list(plan.items)
     asset_keys = [spec.source.assets[name] for name in plan.shape.assets_loaded]
-    cube = load_cube(items, asset_keys, plan, spec)
-    program, labels = make_program(spec, plan, cube["time"].values)
+    encoding = source_encoding(items, asset_keys)
+    cube = load_cube(items, asset_keys, plan, spec, encoding)
+    program, labels = make_program(spec, plan, cube["time"].values, encoding[1] if encoding else None)
     scale, offset = scale_offset_table(items, asset_keys)
     spatial_chunks = cube.data.chunks[2:]
     coords = {"y": cube["y"].values, "x": cube["x"].values}
@@ -111,7 +224,9 @@ def build_dataset(plan: JobPlan, spec: Any) -> xr.Dataset:
     elif cube.data.numblocks[0] == 1:
         fused = da.map_blocks(
             kernels.reduce_block, cube.data, program=program, scale=scale, offset=offset,
-            drop_axis=[0, 1], new_axis=[0, 1, 2],
+            # One new leading axis and the input's (single-block) time and asset axes reused as quantile and band:
+            # with drop_axis Dask would concatenate the dropped axes' blocks, copying the whole loaded block.
+            new_axis=[0],
             chunks=((program.n_groups,), (program.n_quantiles,), (len(program.bands),), *spatial_chunks),
             dtype=program.dtype, name=f"rasterflow-{program.reduce_method}",
         )

@@ -31,6 +31,8 @@ class Program:
     quantiles: tuple[float, ...] = ()
     groups: tuple[tuple[int, ...], ...] = ()
     """Time indices of each period; empty = one group of every date."""
+    nodata: int | None = None
+    """The raw value that means "no data" when blocks are loaded as integers (the source dtype); None for floats."""
 
     @property
     def band_names(self) -> tuple[str, ...]:
@@ -52,36 +54,54 @@ def _time_slice(block_info: dict | None, length: int) -> slice:
     return slice(start, stop)
 
 
-def _band_values(block: np.ndarray, program: Program, scale: np.ndarray, offset: np.ndarray) -> dict[str, np.ndarray]:
-    """Scale, mask and evaluate the bands of one block; returns every band's (t, y, x) values."""
+def _working_plane(raw: np.ndarray, dtype: np.dtype, scale: float, offset: float, nodata: float | None) -> np.ndarray:
+    """One asset's ``(y, x)`` plane as a new array in the working dtype: nodata -> NaN, then scale and offset.
+
+    Scale and offset are applied in the working dtype, multiply then add, as the float reference does.
+    """
+    values = raw.astype(dtype, copy=True)
+    if nodata is not None:
+        np.copyto(values, np.nan, where=raw == nodata)
+    if scale != 1:
+        values *= dtype.type(scale)
+    if offset != 0:
+        values += dtype.type(offset)
+    return values
+
+
+def _band_series(block: np.ndarray, program: Program, scale: np.ndarray, offset: np.ndarray) -> dict[str, np.ndarray]:
+    """Scale, mask and evaluate the bands of one block: every band's ``(t, y, x)`` values in the working dtype.
+
+    The block is the raw load (integers with ``program.nodata``, or floats with NaN). Everything is elementwise, so
+    the work runs one date at a time: the temporaries are ``(y, x)`` planes (1/t of the series, cache-sized for
+    typical chunks), and the only ``t``-deep arrays are the block and one output series per band.
+    """
     dtype = np.dtype(program.dtype)
-    # The loaded block has one consumer, this task, so scale in place instead of holding a second copy.
-    if not block.flags.writeable or block.dtype != dtype:
-        block = block.astype(dtype, copy=True)
-    for index in range(block.shape[1]):
-        s, o = scale[:, index], offset[:, index]
-        if np.any(s != 1) or np.any(o != 0):
-            view = block[:, index]
-            view *= s.astype(dtype)[:, None, None]
-            view += o.astype(dtype)[:, None, None]
-    env: dict[str, np.ndarray] = {name: block[:, i] for i, name in enumerate(program.assets)}
+    nodata = program.nodata if block.dtype.kind in "iu" else None
+    series = {name: np.empty((block.shape[0], *block.shape[2:]), dtype=dtype) for name in program.band_names}
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        if program.mask is not None:
-            drop = np.asarray(program.mask.evaluate(env), dtype=bool)
-            for name in program.masked_assets:
-                env[name] = np.where(drop, np.array(np.nan, dtype), env[name])
-            del drop
-        for name, expression in program.bands:
-            value = expression.evaluate(env)
-            env[name] = np.broadcast_to(np.asarray(value, dtype=dtype), block[:, 0].shape)
-    return {name: env[name] for name in program.band_names}
+        for t in range(block.shape[0]):
+            env: dict[str, np.ndarray] = {
+                name: _working_plane(block[t, a], dtype, scale[t, a], offset[t, a], nodata)
+                for a, name in enumerate(program.assets)
+            }
+            if program.mask is not None:
+                drop = np.asarray(program.mask.evaluate(env), dtype=bool)
+                for name in program.masked_assets:
+                    np.copyto(env[name], np.nan, where=drop)  # the planes are this date's own copies
+                del drop
+            for name, expression in program.bands:
+                env[name] = np.asarray(expression.evaluate(env), dtype=dtype)
+                series[name][t] = env[name]
+            del env
+    return series
 
 
 def band_block(block: np.ndarray, program: Program, scale: np.ndarray, offset: np.ndarray,
                block_info: dict | None = None) -> np.ndarray:
     """Mask and band math of one block: ``(t, asset, y, x)`` -> ``(t, band, y, x)``."""
     times = _time_slice(block_info, scale.shape[0])
-    values = _band_values(block, program, scale[times], offset[times])
+    values = _band_series(block, program, scale[times], offset[times])
     out = np.empty((block.shape[0], len(values), *block.shape[2:]), dtype=program.dtype)
     for index, name in enumerate(program.band_names):
         out[:, index] = values.pop(name)
@@ -91,7 +111,7 @@ def band_block(block: np.ndarray, program: Program, scale: np.ndarray, offset: n
 def reduce_block(block: np.ndarray, program: Program, scale: np.ndarray, offset: np.ndarray,
                  block_info: dict | None = None) -> np.ndarray:
     """The fused task: ``(time, asset, y, x)`` -> ``(group, quantile, band, y, x)``; time must be whole."""
-    values = _band_values(block, program, scale, offset)
+    values = _band_series(block, program, scale, offset)
     groups = program.groups or (tuple(range(block.shape[0])),)
     out = np.empty((len(groups), program.n_quantiles, len(values), *block.shape[2:]), dtype=program.dtype)
     for band_index, name in enumerate(program.band_names):

@@ -14,7 +14,10 @@ from rasterflow import budget
 from rasterflow.sizing import WorkerLayout, local_machine, size_local_cluster
 from rasterflow.units import parse_bytes
 
-__all__ = ["GridPlan", "JobPlan", "resolve_grid", "local_layout", "budget_inputs", "make_plan", "static_check"]
+__all__ = [
+    "GridPlan", "JobPlan", "resolve_grid", "source_encoding", "local_layout", "budget_inputs", "make_plan",
+    "static_check",
+]
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,34 @@ def resolve_grid(spec: Any) -> GridPlan:
     return GridPlan(crs=spec.grid.crs, resolution=resolution, bounds=(minx, miny, maxx, maxy), shape=(height, width))
 
 
+def source_encoding(items: Sequence[dict], asset_keys: Sequence[str]) -> tuple[str, int] | None:
+    """The integer dtype and nodata value to load raw values in, or None to load floats with NaN.
+
+    Loading the source integers (uint16 for Sentinel-2) instead of floats halves the loaded block; the kernel
+    converts one date at a time. That is exact only when one value means "no data" in every asset: every loaded
+    asset of every item must declare an integer ``raster:bands`` data_type and the same nodata, which stackstac then
+    also uses as the fill outside the data.
+    """
+    import numpy as np
+
+    dtypes, nodatas = set(), set()
+    for item in items:
+        for key in asset_keys:
+            bands = (item.get("assets", {}).get(key) or {}).get("raster:bands") or [{}]
+            dtypes.add(bands[0].get("data_type"))
+            nodatas.add(bands[0].get("nodata"))
+    if not items or len(nodatas) != 1 or None in dtypes:
+        return None
+    (nodata,) = nodatas
+    try:
+        dtype = np.result_type(*(np.dtype(d) for d in dtypes))
+    except TypeError:
+        return None
+    if dtype.kind not in "iu" or not isinstance(nodata, int) or not np.can_cast(np.min_scalar_type(nodata), dtype):
+        return None
+    return dtype.name, nodata
+
+
 def local_layout(spec: Any) -> WorkerLayout:
     """The LocalCluster this machine would start for the spec's ``cluster`` section."""
     cluster = spec.cluster
@@ -90,7 +121,7 @@ def local_layout(spec: Any) -> WorkerLayout:
 
 
 def budget_inputs(spec: Any, grid: GridPlan, layout: WorkerLayout, n_items: int | None,
-                  source_tile: tuple[int, int] | None = None) -> budget.BudgetInputs:
+                  source_tile: tuple[int, int] | None = None, load_dtype: str | None = None) -> budget.BudgetInputs:
     """Collect the model's numbers; ``n_items`` None means the static check (max_items or an assumption)."""
     if n_items is not None:
         n_time, source = max(1, n_items), "search"
@@ -116,6 +147,7 @@ def budget_inputs(spec: Any, grid: GridPlan, layout: WorkerLayout, n_items: int 
         gdal_cachemax=parse_bytes(spec.cluster.gdal_cachemax),
         max_fraction=spec.budget.max_fraction,
         source_tile=source_tile,
+        load_dtype=load_dtype,
     )
 
 
@@ -126,7 +158,9 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
     grid = resolve_grid(spec)
     layout = layout or local_layout(spec)
     shape = budget.pipeline_shape(spec)
-    inputs = budget_inputs(spec, grid, layout, None if items is None else len(items), source_tile)
+    encoding = source_encoding(items or (), [spec.source.assets[a] for a in shape.assets_loaded])
+    inputs = budget_inputs(spec, grid, layout, None if items is None else len(items), source_tile,
+                           encoding[0] if encoding else None)
     report = budget.with_fixes(budget.estimate(shape, inputs, on_exceed=spec.budget.on_exceed), shape)
     return JobPlan(grid=grid, layout=layout, shape=shape, report=report, items=tuple(items or ()))
 

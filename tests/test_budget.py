@@ -60,27 +60,35 @@ def _layout(spec: Spec) -> WorkerLayout:
 
 
 def test_ndvi_1024_float32_five_live_arrays_four_threads_is_84_mb():
-    # 1024 × 1024 px × 4 B = 4.19 MB a plane; NDVI holds red, nir, nir-red, nir+red and the quotient = 5 planes
-    # = 21.0 MB per task; 4 threads run 4 tasks at once = 83.9 MB.
+    # One date (max_items 1), 1024 × 1024 px × 4 B = 4.19 MB a plane. While NDVI is evaluated, red and nir in the
+    # working dtype, nir-red, nir+red and the quotient are alive: 5 planes = 21.0 MB per task, and 4 threads run 4
+    # tasks at once = 83.9 MB. On top, each task holds the loaded block (2 assets) and the ndvi output series (1):
+    # 8 planes in all; each thread also keeps 2 files open (2 × OPEN_FILE_BYTES).
     spec = _spec()
     plan = make_plan(spec, layout=_layout(spec))
     report = plan.report
-    assert report.inputs.plane_bytes == 1024 * 1024 * 4
+    plane = 1024 * 1024 * 4
+    assert report.inputs.plane_bytes == plane
     assert report.worst_stage.stage == "band ndvi"
-    assert report.worst_stage.planes == 5
-    assert report.peak_task_bytes * 4 == pytest.approx(83.9 * MB, rel=1e-3)
-    assert report.peak_per_worker == report.peak_task_bytes * 4 + budget.WORKER_BASELINE_BYTES
+    assert report.worst_stage.planes == 2 + 1 + 5
+    assert 5 * plane * 4 == pytest.approx(83.9 * MB, rel=1e-3)
+    assert report.peak_task_bytes == 8 * plane
+    assert report.open_files_bytes == 2 * budget.OPEN_FILE_BYTES
+    assert report.peak_per_worker == (8 * plane + 2 * budget.OPEN_FILE_BYTES) * 4 + budget.WORKER_BASELINE_BYTES
     assert report.ok
 
 
 def test_masked_median_over_twelve_dates_hand_computed():
-    # plane = 12 dates × 512 × 512 × 4 B = 12.58 MB.
-    # load: red, nir, scl = 3 planes.
-    # mask "scl in (3, 8, 9, 10)": the OR-chain's temporaries vs 1 mask + 2 masked copies (red, nir) -> 3 + 3 = 6.
-    # ndvi: 3 loaded + 2 masked held + 3 live (two sums and the quotient) = 8.
-    # median: 3 + 2 + 1 (ndvi) held + 0.1 (bottleneck's nanmedian copies no series, only the (y, x) result is new;
-    # budget.REDUCTION_EXTRA_PLANES) = 6.1 planes.
-    # The band stage is the worst: 8 planes = 101 MB per task.
+    # plane = 12 dates × 512 × 512 × 4 B = 12.58 MB; the kernel works one date at a time, so temporaries are
+    # one-date planes (1/12 of a plane each).
+    # load: red, nir, scl (floats: the static check cannot know the source dtype) = 3 planes.
+    # held for the whole task: the block (3) + the ndvi output series (1) = 4 planes.
+    # mask "scl in (3, 8, 9, 10)": 3 assets in the working dtype + the OR-chain's 3 temporaries = 6 one-date
+    #   planes -> 4 + 6/12 = 4.5.
+    # ndvi: 3 assets + 3 live temporaries (two sums and the quotient) = 6 one-date planes -> 4.5.
+    # median: 4 + 0.1 (bottleneck's nanmedian copies no series, only the (y, x) result is new;
+    #   budget.REDUCTION_EXTRA_PLANES) = 4.1 planes.
+    # The worst stage is 4.5 planes = 56.6 MB per task.
     spec = _spec({
         "source": {"stac": {**yaml.safe_load(BASE)["source"]["stac"], "max_items": 12},
                    "assets": {"red": "red", "nir": "nir", "scl": "scl"}},
@@ -92,13 +100,14 @@ def test_masked_median_over_twelve_dates_hand_computed():
     report = make_plan(spec, layout=_layout(spec)).report
     plane = 12 * 512 * 512 * 4
     stages = {s.stage: s.planes for s in report.stages}
+    assert budget.pipeline_shape(spec).mask.live_arrays == 4  # scl + (scl==3) | (scl==8) ... as expr.py counts
     assert stages["load"] == 3
-    mask_live = budget.pipeline_shape(spec).mask.live_arrays
-    assert stages["mask"] == 3 + max(mask_live - 1, 3)
-    assert stages["band ndvi"] == 8
-    assert stages["reduce median"] == pytest.approx(6.1)
-    assert report.peak_task_bytes == 8 * plane
-    assert report.peak_per_worker == 8 * plane * 2 + 256 * MB + budget.WORKER_BASELINE_BYTES
+    assert stages["mask"] == 4.5
+    assert stages["band ndvi"] == 4.5
+    assert stages["reduce median"] == pytest.approx(4.1)
+    assert report.peak_task_bytes == int(4.5 * plane)
+    files = 12 * 3 * budget.OPEN_FILE_BYTES
+    assert report.peak_per_worker == (int(4.5 * plane) + files) * 2 + 256 * MB + budget.WORKER_BASELINE_BYTES
 
 
 def test_unused_assets_are_not_loaded():
@@ -146,7 +155,7 @@ CLASSIC_FLOAT64 = (
 
 @pytest.mark.parametrize("text,needle", [
     (CLASSIC_TIME_CHUNKED, "chunks.time=10 splits time"),
-    (CLASSIC_FLOAT64, "over budget: the band ndvi stage holds 5 planes"),
+    (CLASSIC_FLOAT64, "over budget: the band ndvi stage holds 3.5 planes"),
 ])
 def test_classic_failures_exit_3_before_anything_is_read(tmp_path, text, needle):
     # The catalog points at a file that does not exist: exit 3 proves nothing was searched or read.
@@ -203,7 +212,7 @@ def test_plan_json_shape_is_stable():
     keys = set(report.to_dict())
     assert keys == {
         "ok", "grid_shape", "n_time", "time_source", "chunk_shape", "dtype", "plane_bytes", "task_count", "stages",
-        "worst_stage", "peak_task_bytes", "threads_per_worker", "n_workers", "gdal_cachemax", "baseline_bytes",
+        "worst_stage", "peak_task_bytes", "open_files_bytes", "threads_per_worker", "n_workers", "gdal_cachemax", "baseline_bytes",
         "peak_per_worker", "memory_limit", "limit_source", "max_fraction", "fraction_of_limit", "refusals",
         "warnings", "fixes",
     }

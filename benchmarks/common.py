@@ -1,0 +1,202 @@
+"""Shared pieces of the benchmark scripts: sample data, the rasterflow spec, and measuring a subprocess.
+
+The job everywhere: masked NDVI median over time of the synthetic Sentinel-2-like scenes of
+:mod:`rasterflow.sample` (8 dates, one tile of ``size`` x ``size`` pixels), written to Zarr.
+Generated data lives under ``benchmarks/.data/`` (git-ignored); a sample is generated once and reused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DATA = HERE / ".data"
+PYTHON = sys.executable
+RASTERFLOW = str(Path(sys.executable).with_name("rasterflow"))
+
+N_DATES = 8
+DROP_CLASSES = (3, 8, 9, 10)  # cloud shadow, cloud medium/high, cirrus (SCL 0 is nodata and already NaN)
+CHUNK = 1024
+"""Spatial chunk of every variant: the stackstac default, two 512-pixel COG tiles per side."""
+
+GDAL_CACHEMAX = "64MB"
+"""GDAL's block cache per worker in the rasterflow spec. The job reads every block once, so the cache cannot help;
+it only fills up (to the spec default of 256 MB per worker after ~5 chunks: +0.4 GB for the process tree, and RSS
+that grows with the job until then)."""
+
+WORKER_STATS_PRELOAD = HERE / "worker_stats.py"
+"""A Dask worker preload that writes the worker's task and transfer counters when it closes (for rasterflow,
+whose CLI does not print them); the peer scripts ask their workers directly with :func:`worker_stats`."""
+
+
+def sample(size: int):
+    """The 8-date sample with one ``size``² tile, generated on first use."""
+    from rasterflow.sample import generate_sample
+
+    started = time.perf_counter()
+    catalog = generate_sample(DATA / f"s{size}", size=size, n_dates=N_DATES)
+    elapsed = time.perf_counter() - started
+    if elapsed > 2:
+        print(f"(generated the {size}² sample in {elapsed:.0f} s)", flush=True)
+    return catalog
+
+
+def write_spec(catalog, output: Path, *, name: str = "bench") -> Path:
+    """The rasterflow spec of the job over ``catalog``; every item, the whole tile, written to ``output``."""
+    minx, miny, maxx, maxy = catalog.bounds
+    w, s, e, n = catalog.bbox_wgs84
+    text = f"""\
+version: 1
+name: {name}
+source:
+  stac:
+    catalog: {catalog.items_json}
+    collections: [sentinel-2-l2a-sample]
+    bbox: [{w - 0.01}, {s - 0.01}, {e + 0.01}, {n + 0.01}]
+    datetime: 2024-01-01/2024-12-31
+  assets: {{red: red, nir: nir, scl: scl}}
+grid:
+  crs: EPSG:32633
+  resolution: 10
+  bounds: [{minx}, {miny}, {maxx}, {maxy}]
+  dtype: float32
+chunks: {{time: -1, y: {CHUNK}, x: {CHUNK}}}
+mask: "scl in {DROP_CLASSES}"
+bands:
+  ndvi: "(nir - red) / (nir + red)"
+reduce: {{over: time, method: median}}
+output: {{path: {output}, overwrite: true}}
+cluster: {{n_workers: 2, threads_per_worker: 1, gdal_cachemax: {GDAL_CACHEMAX}}}
+"""
+    path = output.with_suffix(".yaml")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Measuring one subprocess: wall time and the peak RSS of its whole process tree
+
+
+def _tree_rss(root) -> int:
+    import psutil
+
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            total += proc.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total
+
+
+@dataclass
+class Measurement:
+    wall: float
+    peak_rss: int
+    returncode: int
+    stdout: str
+    stderr: str
+    info: dict = field(default_factory=dict)
+    """The last JSON line the process printed (``{...}``), if any."""
+
+
+def measure(cmd: list[str], *, env: dict | None = None, interval: float = 0.05, timeout: float = 900) -> Measurement:
+    """Run ``cmd`` and sample the RSS of it and all its descendants every ``interval`` s until it exits.
+
+    RSS is summed over processes (shared pages count once per process, the same way for every variant).
+    """
+    import psutil
+
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    root = psutil.Process(proc.pid)
+    peak = 0
+    done = threading.Event()
+
+    def sampler() -> None:
+        nonlocal peak
+        while not done.is_set():
+            try:
+                peak = max(peak, _tree_rss(root))
+            except psutil.NoSuchProcess:
+                return
+            done.wait(interval)
+
+    thread = threading.Thread(target=sampler, daemon=True)
+    thread.start()
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        wall = time.perf_counter() - started
+        done.set()
+        thread.join()
+    info = {}
+    for line in stdout.splitlines():
+        if line.startswith("{") and line.endswith("}"):
+            info = json.loads(line)
+    return Measurement(wall, peak, proc.returncode, stdout, stderr, info)
+
+
+def check(m: Measurement, what: str) -> Measurement:
+    if m.returncode != 0:
+        raise SystemExit(f"{what} failed ({m.returncode}):\n{m.stdout[-2000:]}\n{m.stderr[-4000:]}")
+    return m
+
+
+def run_rasterflow(spec: Path, stats_dir: Path) -> Measurement:
+    """``rasterflow run SPEC`` in a fresh process; ``info`` gets per-worker counters and the run report."""
+    stats_dir.mkdir(parents=True, exist_ok=True)
+    for old in stats_dir.glob("*.json"):
+        old.unlink()
+    env = {"DASK_DISTRIBUTED__WORKER__PRELOAD": json.dumps([str(WORKER_STATS_PRELOAD)]),
+           "RASTERFLOW_BENCH_STATS": str(stats_dir)}
+    m = check(measure([RASTERFLOW, "run", str(spec)], env=env), f"rasterflow run {spec}")
+    workers = [json.loads(p.read_text()) for p in sorted(stats_dir.glob("*.json"))]
+    output = spec.with_suffix(".zarr")
+    report = json.loads(Path(str(output) + ".report.json").read_text())
+    m.info = {"workers": workers, "transfer_bytes": sum(w["incoming_bytes"] for w in workers),
+              "executed": [w["executed"] for w in workers], "report": report}
+    return m
+
+
+def read_result(path: Path, var: str = "ndvi") -> np.ndarray:
+    import xarray as xr
+
+    with xr.open_zarr(path, consolidated=None) as ds:
+        return ds[var].values
+
+
+def compare(actual: np.ndarray, expected: np.ndarray) -> str:
+    """``identical`` (bit for bit, NaN where NaN), else the largest difference."""
+    if actual.shape != expected.shape:
+        return f"shape {actual.shape} != {expected.shape}"
+    if not np.array_equal(np.isnan(actual), np.isnan(expected)):
+        return f"NaN patterns differ ({int((np.isnan(actual) != np.isnan(expected)).sum())} px)"
+    try:
+        np.testing.assert_array_equal(actual, expected)
+        return "identical"
+    except AssertionError:
+        diff = np.nanmax(np.abs(actual.astype(np.float64) - expected))
+        return f"max |diff| {diff:.2e}"
+
+
+def gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.2f} GB"
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
