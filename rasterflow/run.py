@@ -20,7 +20,10 @@ from rasterflow.errors import ExitCode, RasterflowError, RunFailedError
 from rasterflow.plan import JobPlan, local_layout, make_plan
 from rasterflow.units import format_bytes, parse_bytes
 
-__all__ = ["search", "resolve_layout", "plan_command", "run_command", "profile_command", "demo_command", "fingerprint"]
+__all__ = [
+    "search", "resolve_layout", "plan_with_items", "plan_command", "run_command", "profile_command", "demo_command",
+    "fingerprint",
+]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,13 +32,14 @@ def _echo(message: str = "", **style: Any) -> None:
     click.secho(message, **style)
 
 
-def source_tile(loaded: Any, plan_shape_assets: Any, items: list[dict]) -> tuple[int, int] | None:
-    """Tile shape of the first loaded asset of the first item (header only)."""
+def plan_with_items(loaded: Any, items: list[dict], layout: Any) -> JobPlan:
+    """The plan for searched items: also reads the first loaded asset's header for its tile shape (no pixels)."""
     from rasterflow.catalog import source_tile_shape
 
-    if not plan_shape_assets or not items:
-        return None
-    return source_tile_shape(items, loaded.spec.source.assets[plan_shape_assets[0]])
+    spec = loaded.spec
+    assets = budget.pipeline_shape(spec).assets_loaded
+    tile = source_tile_shape(items, spec.source.assets[assets[0]]) if assets and items else None
+    return make_plan(spec, items=items, layout=layout, source_tile=tile)
 
 
 def search(loaded: Any) -> list[dict]:
@@ -44,7 +48,7 @@ def search(loaded: Any) -> list[dict]:
 
     stac = loaded.spec.source.stac
     query = StacQuery(
-        catalog=loaded.resolve(stac.catalog) if "://" not in stac.catalog else stac.catalog,
+        catalog=loaded.resolve(stac.catalog),
         collections=tuple(stac.collections),
         bbox=tuple(stac.bbox),
         datetime=stac.datetime,
@@ -78,8 +82,7 @@ def plan_command(loaded: Any, *, as_json: bool = False, fix: bool = False) -> in
     """``rasterflow plan``: search, resolve, estimate; print a table (or JSON); exit 3 when refused."""
     items = search(loaded)
     layout = resolve_layout(loaded.spec)
-    tile = source_tile(loaded, budget.pipeline_shape(loaded.spec).assets_loaded, items)
-    plan = make_plan(loaded.spec, items=items, layout=layout, source_tile=tile)
+    plan = plan_with_items(loaded, items, layout)
     report = plan.report
     if as_json:
         payload = {
@@ -155,14 +158,16 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
             layout = resolve_layout(spec)
         report.item_ids = [item["id"] for item in items]
         with timer("plan"):
-            tile = source_tile(loaded, budget.pipeline_shape(spec).assets_loaded, items)
-            plan = make_plan(spec, items=items, layout=layout, source_tile=tile)
+            plan = plan_with_items(loaded, items, layout)
         _record_plan(report, plan)
         for warning in plan.report.warnings:
             _echo(f"warning: {warning}", fg="yellow", err=True)
         budget.enforce(plan.report, where=loaded.where("chunks"))
         job_id = fingerprint(loaded, plan)
-        write.check_output_target(output_path, fmt, overwrite=spec.output.overwrite, fingerprint=job_id)
+        # Now that the items are known, so are all the files a COG run writes (one per period / quantile).
+        expected = write.cog_output_paths(output_path, _leading_coords(spec, items)) if fmt == "cog" else None
+        write.check_output_target(output_path, fmt, overwrite=spec.output.overwrite, fingerprint=job_id,
+                                  paths=expected)
         result = _execute(loaded, plan, output_path, fmt, job_id, report, timer, plot)
         report.outputs = [{"path": p, "bytes": write.path_size(p)} for p in result.paths]
         code = ExitCode.OK
@@ -187,6 +192,19 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
                 _echo(line)
             _echo(f"report: {report_file}")
     return code
+
+
+def _leading_coords(spec: Any, items: list[dict]) -> dict[str, list]:
+    """The output's leading dimensions (period, quantile) as the writers will name them."""
+    from rasterflow.kernels import group_indices, period_labels
+
+    coords: dict[str, list] = {}
+    if spec.reduce is not None and spec.reduce.period:
+        times = [item["properties"]["datetime"].rstrip("Zz")[:19] for item in items]
+        coords["period"] = list(group_indices(period_labels(times, spec.reduce.period))[0])
+    if spec.reduce is not None and isinstance(spec.reduce.q, list):
+        coords["quantile"] = list(spec.reduce.q)
+    return coords
 
 
 def _record_plan(report: Any, plan: JobPlan) -> None:
@@ -242,10 +260,8 @@ def profile_command(loaded: Any, *, flamegraph: str | None = None, use_memray: b
     """``rasterflow profile``: one representative task in this process, measured vs the model's prediction."""
     from rasterflow.profile import profile_one_task
 
-    items = search(loaded)
     spec = loaded.spec
-    tile = source_tile(loaded, budget.pipeline_shape(spec).assets_loaded, items)
-    plan = make_plan(spec, items=items, layout=local_layout(spec), source_tile=tile)
+    plan = plan_with_items(loaded, search(loaded), local_layout(spec))
     if not plan.report.ok:
         _echo("warning: the budget check refuses this spec; profiling one task anyway", fg="yellow", err=True)
     result = profile_one_task(plan, spec, use_memray=use_memray, flamegraph=flamegraph)

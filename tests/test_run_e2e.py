@@ -295,3 +295,19 @@ def test_profile_prints_measured_vs_predicted(write_spec, tmp_path):
     assert 0.3 < float(measured.group(3)) < 3.0  # the model is in the right range for one real task
     assert "largest allocation sites alive at the peak" in result.output
     assert flame.read_text().lstrip().lower().startswith("<!doctype html")
+
+
+def test_existing_period_file_refused_before_the_cluster_starts(write_spec, sample, tmp_path):
+    items = load_items(sample)
+    first_month = months(items)[0]
+    taken = tmp_path / "out" / f"m_{first_month}.tif"
+    taken.parent.mkdir()
+    taken.write_bytes(b"precious")
+    spec = write_spec(reduce="{method: median, period: month}", output="out/m.tif")
+    code, output = _run(spec)
+    assert code == 2, output
+    assert str(taken) in output
+    assert taken.read_bytes() == b"precious"
+    report = _report(tmp_path / "out" / "m.tif")
+    assert "cluster start" not in report["stage_seconds"]
+    assert sorted(p.name for p in taken.parent.iterdir()) == sorted([taken.name, "m.tif.report.json"])
