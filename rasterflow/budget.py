@@ -357,10 +357,13 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
             f"about {tasks:,} tasks: above ~{MAX_TASKS:,} the scheduler is the bottleneck (~1 ms each); "
             f"use larger chunks ({_chunk_for_tasks(inputs, shape, 20_000)} keeps it near 20,000)"
         )
-    elif tasks < MIN_TASKS_FOR_LARGE_JOB and total_bytes > LARGE_JOB_BYTES:
+    elif (tasks < MIN_TASKS_FOR_LARGE_JOB and total_bytes > LARGE_JOB_BYTES
+          and inputs.n_spatial_chunks < 2 * inputs.n_workers * inputs.threads_per_worker):
+        # Few tasks only hurt when there are fewer chunks than threads to keep busy.
         warnings.append(
-            f"only about {tasks:,} tasks for {format_bytes(total_bytes)} of input: the cluster may be under-used; "
-            f"smaller chunks ({_chunk_for_tasks(inputs, shape, 2_000)}) give about 2,000"
+            f"only {inputs.n_spatial_chunks} spatial chunks for {inputs.n_workers * inputs.threads_per_worker} "
+            f"threads and {format_bytes(total_bytes)} of input: the cluster will be under-used; smaller chunks "
+            f"({_chunk_for_tasks(inputs, shape, 2_000)}) give about 2,000 tasks"
         )
     if inputs.plane_bytes < MIN_CHUNK_BYTES and inputs.n_spatial_chunks > 1 and total_bytes > SMALL_JOB_BYTES:
         warnings.append(
