@@ -245,3 +245,20 @@ def test_every_example_pipeline_passes_the_static_check():
     for path in sorted(Path(__file__).parent.parent.joinpath("pipelines").glob("*.yaml")):
         report = static_check(load_spec(path))
         assert report.ok, (path, report.refusals)
+
+
+def test_under_used_cluster_warning_only_when_chunks_are_fewer_than_threads():
+    big = {"source": {"stac": {**yaml.safe_load(BASE)["source"]["stac"], "max_items": 100},
+                      "assets": {"red": "red", "nir": "nir"}},
+           "grid": {"crs": "EPSG:32633", "resolution": 10, "bounds": [0, 0, 40960, 40960]}}
+    # 4096² px × 100 dates × 2 assets × 4 B = 13.4 GB of input.
+    few = _spec({**big, "chunks": {"time": -1, "y": 2048, "x": 2048},
+                 "cluster": {"n_workers": 4, "threads_per_worker": 2, "memory_limit": "64GB"}})
+    report = make_plan(few, layout=_layout(few)).report
+    assert report.inputs.n_spatial_chunks == 4  # fewer than 2 × 8 threads
+    assert any("under-used" in w for w in report.warnings)
+    enough = _spec({**big, "chunks": {"time": -1, "y": 512, "x": 512},
+                    "cluster": {"n_workers": 4, "threads_per_worker": 2, "memory_limit": "64GB"}})
+    report = make_plan(enough, layout=_layout(enough)).report
+    assert report.inputs.n_spatial_chunks == 64
+    assert not any("under-used" in w for w in report.warnings)
