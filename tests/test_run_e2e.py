@@ -295,6 +295,9 @@ def test_profile_prints_measured_vs_predicted(write_spec, tmp_path):
     assert 0.3 < float(measured.group(3)) < 3.0  # the model is in the right range for one real task
     assert "largest allocation sites alive at the peak" in result.output
     assert flame.read_text().lstrip().lower().startswith("<!doctype html")
+    result = CliRunner().invoke(cli, ["profile", str(spec), "--no-memray"])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"measured, tracemalloc\s+[\d.]+ (kB|MB)\s+measured/predicted [\d.]+", result.output)
 
 
 def test_existing_period_file_refused_before_the_cluster_starts(write_spec, sample, tmp_path):
