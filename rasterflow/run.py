@@ -168,7 +168,7 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
         expected = write.cog_output_paths(output_path, _leading_coords(spec, items)) if fmt == "cog" else None
         write.check_output_target(output_path, fmt, overwrite=spec.output.overwrite, fingerprint=job_id,
                                   paths=expected)
-        result = _execute(loaded, plan, output_path, fmt, job_id, report, timer, plot)
+        result = _execute(loaded, plan, output_path, fmt, job_id, report, timer)
         report.outputs = [{"path": p, "bytes": write.path_size(p)} for p in result.paths]
         code = ExitCode.OK
     except RasterflowError as err:
@@ -187,6 +187,11 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
             report.write(report_file)
         except OSError as err:
             _echo(f"could not write the run report {report_file}: {err}", fg="yellow", err=True)
+        if plot and report.memory_samples:  # drawn last, so a failed run's plot says so too
+            from rasterflow.report import plot_memory
+
+            png = plot_memory(report, Path(str(output_path).rstrip("/") + ".memory.png"))
+            _echo(f"memory plot: {png}")
         if code == ExitCode.OK:
             for line in report.summary_lines():
                 _echo(line)
@@ -216,8 +221,7 @@ def _record_plan(report: Any, plan: JobPlan) -> None:
     report.memory_limit = plan.layout.memory_limit
 
 
-def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str, report: Any, timer: Any,
-             plot: bool):
+def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str, report: Any, timer: Any):
     from rasterflow import graph, write
     from rasterflow.cluster import ClusterSettings, CountingProgress, MemorySampler, open_cluster
 
@@ -247,12 +251,6 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
     if result.blocks_skipped:
         _echo(f"resumed: {result.blocks_skipped} blocks were already written and skipped, "
               f"{result.blocks_written} written now")
-    if plot:
-        from rasterflow.report import plot_memory
-
-        png = Path(str(output_path).rstrip("/") + ".memory.png")
-        plot_memory(report, png)
-        _echo(f"memory plot: {png}")
     return result
 
 
