@@ -172,7 +172,7 @@ def _layout_matches(ds: xr.Dataset, store: str) -> bool:
             if (tuple(array.shape) != tuple(data.shape) or tuple(array.chunks) != tuple(c[0] for c in data.chunks)
                     or np.dtype(array.dtype) != data.dtype):
                 return False
-    except Exception:
+    except Exception:  # an unreadable or foreign store is not ours to resume: start over
         return False
     return True
 
