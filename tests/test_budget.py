@@ -262,3 +262,11 @@ def test_under_used_cluster_warning_only_when_chunks_are_fewer_than_threads():
     report = make_plan(enough, layout=_layout(enough)).report
     assert report.inputs.n_spatial_chunks == 64
     assert not any("under-used" in w for w in report.warnings)
+
+
+def test_validate_with_a_cluster_address_says_the_limit_is_local(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE.replace("cluster: {n_workers: 1,", "cluster: {address: 'tcp://127.0.0.1:9', n_workers: 1,"))
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "plan checks the cluster's" in result.output
