@@ -173,9 +173,9 @@ def scale_offset_table(items: Sequence[dict], asset_keys: Sequence[str]) -> tupl
     return scale, offset
 
 
-def make_program(spec: Any, plan: JobPlan, times: Sequence[np.datetime64],
-                 nodata: int | None = None) -> tuple[kernels.Program, tuple[str, ...]]:
-    """The kernel program and the period labels (empty without a period)."""
+def make_program(spec: Any, plan: JobPlan, times: Sequence[np.datetime64], nodata: int | None = None,
+                 steps: tuple[tuple[int, ...], ...] = ()) -> tuple[kernels.Program, tuple[str, ...]]:
+    """The kernel program and the period labels (empty without a period); ``times`` are the output dates."""
     shape = plan.shape
     labels: tuple[str, ...] = ()
     groups: tuple[tuple[int, ...], ...] = ()
@@ -191,6 +191,7 @@ def make_program(spec: Any, plan: JobPlan, times: Sequence[np.datetime64],
         quantiles=spec.reduce.quantiles if spec.reduce else (),
         groups=groups,
         nodata=nodata,
+        steps=steps,
     )
     return program, labels
 
@@ -204,7 +205,13 @@ def build_dataset(plan: JobPlan, spec: Any) -> xr.Dataset:
     asset_keys = [spec.source.assets[name] for name in plan.shape.assets_loaded]
     encoding = source_encoding(items, asset_keys)
     cube = load_cube(items, asset_keys, plan, spec, encoding)
-    program, labels = make_program(spec, plan, cube["time"].values, encoding[1] if encoding else None)
+    times, steps = cube["time"].values, ()
+    if spec.source.group_by == "solar_day":
+        # one output date per pass; the budget check guarantees time is whole, so a chunk holds every tile of a pass
+        first, steps = kernels.solar_day_steps(items)
+        times = np.array([np.datetime64(t.rstrip("Zz")[:26]) for t in first], dtype="datetime64[ns]")
+    program, labels = make_program(spec, plan, times, encoding[1] if encoding else None, steps)
+    time_chunks = ((len(steps),),) if steps else (cube.data.chunks[0],)
     scale, offset = scale_offset_table(items, asset_keys)
     spatial_chunks = cube.data.chunks[2:]
     coords = {"y": cube["y"].values, "x": cube["x"].values}
@@ -213,14 +220,14 @@ def build_dataset(plan: JobPlan, spec: Any) -> xr.Dataset:
     if spec.reduce is None:
         bands = da.map_blocks(
             kernels.band_block, cube.data, program=program, scale=scale, offset=offset,
-            chunks=(cube.data.chunks[0], (len(program.bands),), *spatial_chunks), dtype=program.dtype,
+            chunks=(*time_chunks, (len(program.bands),), *spatial_chunks), dtype=program.dtype,
             name="rasterflow-bands",
         )
         variables = {
             name: (("time", "y", "x"), bands[:, index].rechunk({0: 1}))
             for index, name in enumerate(program.band_names)
         }
-        coords["time"] = cube["time"].values
+        coords["time"] = times
     elif cube.data.numblocks[0] == 1:
         fused = da.map_blocks(
             kernels.reduce_block, cube.data, program=program, scale=scale, offset=offset,
@@ -235,7 +242,7 @@ def build_dataset(plan: JobPlan, spec: Any) -> xr.Dataset:
     else:
         bands = da.map_blocks(
             kernels.band_block, cube.data, program=program, scale=scale, offset=offset,
-            chunks=(cube.data.chunks[0], (len(program.bands),), *spatial_chunks), dtype=program.dtype,
+            chunks=(*time_chunks, (len(program.bands),), *spatial_chunks), dtype=program.dtype,
             name="rasterflow-bands",
         )
         variables = {name: _reduced_dims(_tree_reduce(bands[:, index], program), bool(labels), quantile_dim)

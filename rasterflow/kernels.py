@@ -14,7 +14,10 @@ import numpy as np
 
 from rasterflow.expr import Expression
 
-__all__ = ["Program", "band_block", "reduce_block", "reduce_time", "nanquantile_time", "period_labels", "group_indices"]
+__all__ = [
+    "Program", "band_block", "reduce_block", "reduce_time", "nanquantile_time", "solar_day_steps", "period_labels",
+    "group_indices",
+]
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,9 @@ class Program:
     """Time indices of each period; empty = one group of every date."""
     nodata: int | None = None
     """The raw value that means "no data" when blocks are loaded as integers (the source dtype); None for floats."""
+    steps: tuple[tuple[int, ...], ...] = ()
+    """Item indices that make up each output date (``source.group_by: solar_day``: the tiles of one pass, mosaicked
+    first-valid after masking); empty = every item is its own date."""
 
     @property
     def band_names(self) -> tuple[str, ...]:
@@ -78,23 +84,35 @@ def _band_series(block: np.ndarray, program: Program, scale: np.ndarray, offset:
     """
     dtype = np.dtype(program.dtype)
     nodata = program.nodata if block.dtype.kind in "iu" else None
-    series = {name: np.empty((block.shape[0], *block.shape[2:]), dtype=dtype) for name in program.band_names}
+    steps = program.steps or tuple((t,) for t in range(block.shape[0]))
+    series = {name: np.empty((len(steps), *block.shape[2:]), dtype=dtype) for name in program.band_names}
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        for t in range(block.shape[0]):
-            env: dict[str, np.ndarray] = {
-                name: _working_plane(block[t, a], dtype, scale[t, a], offset[t, a], nodata)
-                for a, name in enumerate(program.assets)
-            }
-            if program.mask is not None:
-                drop = np.asarray(program.mask.evaluate(env), dtype=bool)
-                for name in program.masked_assets:
-                    np.copyto(env[name], np.nan, where=drop)  # the planes are this date's own copies
-                del drop
+        for step, indices in enumerate(steps):
+            env = _masked_assets(block, indices[0], program, dtype, scale, offset, nodata)
+            for t in indices[1:]:  # the other tiles of the same pass fill what is still empty
+                more = _masked_assets(block, t, program, dtype, scale, offset, nodata)
+                for name, plane in env.items():
+                    np.copyto(plane, more[name], where=np.isnan(plane))
+                del more
             for name, expression in program.bands:
                 env[name] = np.asarray(expression.evaluate(env), dtype=dtype)
-                series[name][t] = env[name]
+                series[name][step] = env[name]
             del env
     return series
+
+
+def _masked_assets(block: np.ndarray, t: int, program: Program, dtype: np.dtype, scale: np.ndarray,
+                   offset: np.ndarray, nodata: int | None) -> dict[str, np.ndarray]:
+    """Item ``t``'s assets as working-dtype planes, with the mask applied to the assets the bands read."""
+    env: dict[str, np.ndarray] = {
+        name: _working_plane(block[t, a], dtype, scale[t, a], offset[t, a], nodata)
+        for a, name in enumerate(program.assets)
+    }
+    if program.mask is not None:
+        drop = np.asarray(program.mask.evaluate(env), dtype=bool)
+        for name in program.masked_assets:
+            np.copyto(env[name], np.nan, where=drop)  # the planes are this item's own copies
+    return env
 
 
 def band_block(block: np.ndarray, program: Program, scale: np.ndarray, offset: np.ndarray,
@@ -102,7 +120,7 @@ def band_block(block: np.ndarray, program: Program, scale: np.ndarray, offset: n
     """Mask and band math of one block: ``(t, asset, y, x)`` -> ``(t, band, y, x)``."""
     times = _time_slice(block_info, scale.shape[0])
     values = _band_series(block, program, scale[times], offset[times])
-    out = np.empty((block.shape[0], len(values), *block.shape[2:]), dtype=program.dtype)
+    out = np.empty((len(program.steps) or block.shape[0], len(values), *block.shape[2:]), dtype=program.dtype)
     for index, name in enumerate(program.band_names):
         out[:, index] = values.pop(name)
     return out
@@ -112,7 +130,7 @@ def reduce_block(block: np.ndarray, program: Program, scale: np.ndarray, offset:
                  block_info: dict | None = None) -> np.ndarray:
     """The fused task: ``(time, asset, y, x)`` -> ``(group, quantile, band, y, x)``; time must be whole."""
     values = _band_series(block, program, scale, offset)
-    groups = program.groups or (tuple(range(block.shape[0])),)
+    groups = program.groups or (tuple(range(len(program.steps) or block.shape[0])),)
     out = np.empty((len(groups), program.n_quantiles, len(values), *block.shape[2:]), dtype=program.dtype)
     for band_index, name in enumerate(program.band_names):
         series = values.pop(name)
@@ -178,6 +196,28 @@ def nanquantile_time(values: np.ndarray, quantiles: Sequence[float]) -> np.ndarr
         result = np.where(fraction >= 0.5, above - diff * (1 - fraction), below + diff * fraction)
         out[index] = np.where(count > 0, result, np.nan)
     return out
+
+
+def solar_day_steps(items: Sequence[dict]) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
+    """Group items (sorted by time) into passes: the same local solar day at the item's longitude.
+
+    One satellite pass crosses several tiles within seconds; their UTC dates can differ across the date line, their
+    solar day does not (the rule odc-stac's ``groupby="solar_day"`` uses). Returns each step's first datetime and
+    the item indices of each step.
+    """
+    import datetime as dt
+
+    keys = []
+    for item in items:
+        stamp = dt.datetime.fromisoformat(item["properties"]["datetime"].replace("Z", "+00:00"))
+        bbox = item.get("bbox") or [0, 0, 0, 0]
+        longitude = (bbox[0] + bbox[2]) / 2
+        keys.append((stamp + dt.timedelta(hours=longitude / 15)).date().isoformat())
+    steps: dict[str, list[int]] = {}
+    for index, key in enumerate(keys):
+        steps.setdefault(key, []).append(index)
+    first = tuple(items[indices[0]]["properties"]["datetime"] for indices in steps.values())
+    return first, tuple(tuple(indices) for indices in steps.values())
 
 
 def period_labels(times: Sequence[np.datetime64], period: str) -> list[str]:

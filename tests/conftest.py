@@ -22,7 +22,7 @@ def sample(tmp_path_factory):
 def spec_text(sample, *, catalog: str | None = None, output: str = "out/result.zarr", reduce: str | None = None,
               mask: str | None = '"scl in (3, 8, 9, 10)"', bands: str = 'ndvi: "(nir - red) / (nir + red)"',
               chunks: str = "{time: -1, y: 96, x: 96}", extra: str = "", query: str | None = None,
-              stac_filter: str | None = None,
+              stac_filter: str | None = None, group_by: str | None = None,
               cluster: str = "{n_workers: 2, threads_per_worker: 1, memory_limit: 2GB}") -> str:
     """A spec over the sample scenes; keyword arguments replace whole sections."""
     minx, miny, maxx, maxy = sample.bounds
@@ -43,6 +43,7 @@ def spec_text(sample, *, catalog: str | None = None, output: str = "out/result.z
         lines.append(f"    filter: {stac_filter}")
     lines += [
         "  assets: {red: red, nir: nir, green: green, scl: scl}",
+        *([f"  group_by: {group_by}"] if group_by else []),
         "grid:",
         "  crs: EPSG:32633",
         "  resolution: 10",
@@ -56,6 +57,14 @@ def spec_text(sample, *, catalog: str | None = None, output: str = "out/result.z
         lines.append(f"reduce: {reduce}")
     lines += [f"output: {{path: {output}}}", f"cluster: {cluster}"]
     return "\n".join(lines) + "\n" + extra
+
+
+@pytest.fixture(scope="session")
+def two_tile_sample(tmp_path_factory):
+    """Two adjacent tiles per date (128² px each, 4 dates): one pass covers both."""
+    from rasterflow.sample import generate_sample
+
+    return generate_sample(tmp_path_factory.mktemp("two-tiles"), size=128, n_dates=4, tiles=(1, 2), blocksize=64)
 
 
 @pytest.fixture

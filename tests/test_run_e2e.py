@@ -314,3 +314,55 @@ def test_existing_period_file_refused_before_the_cluster_starts(write_spec, samp
     report = _report(tmp_path / "out" / "m.tif")
     assert "cluster start" not in report["stage_seconds"]
     assert sorted(p.name for p in taken.parent.iterdir()) == sorted([taken.name, "m.tif.report.json"])
+
+
+def _mosaic_reference(sample) -> tuple[np.ndarray, list[str]]:
+    """Masked NDVI per date, each date's tiles placed on the union grid (rasterio + NumPy only)."""
+    items = load_items(sample)
+    minx, _, maxx, maxy = sample.bounds
+    width = int(round((maxx - minx) / 10))
+    height = int(round((maxy - sample.bounds[1]) / 10))
+    dates = sorted({item["properties"]["datetime"][:10] for item in items})
+    out = np.full((len(dates), height, width), np.nan, dtype=np.float32)
+    for item in items:
+        ndvi = masked_ndvi([item])[0]
+        with rasterio.open(item["assets"]["red"]["href"]) as src:
+            col = int(round((src.transform.c - minx) / 10))
+            row = int(round((maxy - src.transform.f) / 10))
+        d = dates.index(item["properties"]["datetime"][:10])
+        out[d, row:row + ndvi.shape[0], col:col + ndvi.shape[1]] = ndvi
+    return out, dates
+
+
+def test_group_by_solar_day_mosaics_the_tiles_of_a_pass(two_tile_sample, tmp_path):
+    from conftest import spec_text
+
+    sample = two_tile_sample
+    grouped = tmp_path / "grouped.yaml"
+    grouped.write_text(spec_text(sample, output="out/grouped.zarr", chunks="{time: -1, y: 64, x: 96}",
+                                 group_by="solar_day"))
+    per_item = tmp_path / "per_item.yaml"
+    per_item.write_text(spec_text(sample, output="out/per_item.zarr", chunks="{time: -1, y: 64, x: 96}"))
+    for spec in (grouped, per_item):
+        code, output = _run(spec)
+        assert code == 0, output
+    expected, dates = _mosaic_reference(sample)
+    ds = _open_zarr(tmp_path / "out" / "grouped.zarr")
+    assert [str(t)[:10] for t in ds["time"].values] == dates  # 4 dates, not 8 items
+    assert_same(ds["ndvi"].values, expected)
+    assert _open_zarr(tmp_path / "out" / "per_item.zarr").sizes["time"] == 2 * len(dates)
+
+
+def test_group_by_solar_day_median_per_month(two_tile_sample, tmp_path):
+    from conftest import spec_text
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(spec_text(two_tile_sample, output="out/m.zarr", reduce="{method: median, period: month}",
+                              group_by="solar_day"))
+    code, output = _run(spec)
+    assert code == 0, output
+    expected, dates = _mosaic_reference(two_tile_sample)
+    labels = np.array([d[:7] for d in dates])
+    ds = _open_zarr(tmp_path / "out" / "m.zarr")
+    for month in ds["period"].values:
+        assert_same(ds["ndvi"].sel(period=month).values, reduce_reference(expected[labels == month], "median"))

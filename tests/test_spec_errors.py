@@ -90,6 +90,11 @@ BAD_SPECS = [
     ("bounds-inverted", _replace("[380000, 5819760, 390240, 5830000]", "[390240, 5819760, 380000, 5830000]"),
      "grid.bounds", 15),
     ("dtype-int16", _replace("dtype: float32", "dtype: int16"), "grid.dtype", 16),
+    ("group-by-with-time-chunked", _replace("  assets: {red: red, nir: nir, scl: scl}",
+                                            "  assets: {red: red, nir: nir, scl: scl}\n  group_by: solar_day")
+     .replace("time: -1, y: 512", "time: 4, y: 512"), "chunks.time", 18),
+    ("group-by-unknown", _replace("  assets: {red: red, nir: nir, scl: scl}",
+                                  "  assets: {red: red, nir: nir, scl: scl}\n  group_by: day"), "source.group_by", 12),
     ("chunk-zero", _replace("y: 512", "y: 0"), "chunks.y", 17),
     ("chunk-negative", _replace("x: 512", "x: -4"), "chunks.x", 17),
     ("chunk-string", _replace("y: 512", "y: '512'"), "chunks.y", 17),

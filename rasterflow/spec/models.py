@@ -142,6 +142,11 @@ class Source(_Model):
     assets: dict[StrictStr, StrictStr] = Field(
         description="Name used in expressions -> asset key in the items.", min_length=1
     )
+    group_by: Literal["item", "solar_day"] = Field(
+        default="item",
+        description="item = every item is its own date; solar_day = the tiles of one pass (same solar day) are "
+        "masked, then mosaicked first-valid into one date, so overlaps are not counted twice (needs chunks.time: -1).",
+    )
 
     @field_validator("assets")
     @classmethod
@@ -416,6 +421,12 @@ class Spec(_Model):
             except ExpressionError as err:
                 raise _LocatedError(("bands", name), str(err)) from None
             known.append(name)
+        if self.source.group_by == "solar_day" and self.chunks.time != -1:
+            raise _LocatedError(
+                ("chunks", "time"),
+                f"source.group_by: solar_day mosaics the tiles of each pass inside one task, so time must be whole; "
+                f"set chunks.time: -1 (got {self.chunks.time})",
+            )
         if self.output.resolved_format == "cog" and self.reduce is None:
             raise _LocatedError(
                 ("output", "format"),
