@@ -96,6 +96,8 @@ class PipelineShape:
     reduce_method: str | None
     n_quantiles: int
     has_period: bool = False
+    mosaics_passes: bool = False
+    """``source.group_by: solar_day``: a second item's assets are alive while a pass is mosaicked."""
 
 
 def pipeline_shape(spec: Any) -> PipelineShape:
@@ -117,6 +119,7 @@ def pipeline_shape(spec: Any) -> PipelineShape:
         reduce_method=spec.reduce.method if spec.reduce else None,
         n_quantiles=len(spec.reduce.quantiles) if spec.reduce else 0,
         has_period=bool(spec.reduce and spec.reduce.period),
+        mosaics_passes=spec.source.group_by == "solar_day",
     )
 
 
@@ -288,12 +291,13 @@ def stage_estimates(shape: PipelineShape, inputs: BudgetInputs) -> tuple[StageEs
     add("load", block, f"{n_loaded} asset(s) loaded as {inputs.load_dtype or inputs.dtype}")
     held = block + n_bands  # the block and one output series per band, for the whole task
     per_date = 1 / inputs.time_per_chunk
+    mosaic = n_loaded if shape.mosaics_passes else 0  # the next tile's planes while they fill the mosaic
     if shape.mask is not None:
-        temps = n_loaded + shape.mask.live_arrays - len(shape.mask.names)
+        temps = n_loaded + mosaic + shape.mask.live_arrays - len(shape.mask.names)
         add("mask", held + temps * per_date,
             f"block + {n_bands} band series + {temps} one-date planes (assets in working dtype, mask temporaries)")
     for index, (name, expr) in enumerate(shape.bands):
-        temps = n_loaded + index + expr.live_arrays - len(expr.names)
+        temps = n_loaded + mosaic + index + expr.live_arrays - len(expr.names)
         add(f"band {name}", held + temps * per_date,
             f"block + {n_bands} band series + {temps} one-date planes (assets, earlier bands, {expr.live_arrays} live)")
     if shape.reduce_method and inputs.time_per_chunk == inputs.n_time:
