@@ -107,7 +107,7 @@ class Expression:
             raise source.error(f"no value given for {', '.join(missing)}", source.start(first),
                                f"given: {', '.join(sorted(map(str, env))) or 'nothing'}")
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return _Evaluator(_ARRAY_OPS, env, self.text).eval(self._tree.body)
+            return _Evaluator(_ARRAY_OPS, env, self.text).walk(self._tree.body)
 
 
 def parse_expression(text: str, known_names: Iterable[str], *, what: str = "expression") -> Expression:
@@ -389,37 +389,37 @@ class _Evaluator:
         self._env = env
         self._text = text
 
-    def eval(self, node: ast.AST) -> Any:
+    def walk(self, node: ast.AST) -> Any:
         ops = self._ops
         if isinstance(node, ast.Constant):
             return ops.literal(node.value)
         if isinstance(node, ast.Name):
             return self._env[node.id]
         if isinstance(node, ast.BinOp):
-            return self._apply(node, ops.binary, type(node.op), self.eval(node.left), self.eval(node.right))
+            return self._apply(node, ops.binary, type(node.op), self.walk(node.left), self.walk(node.right))
         if isinstance(node, ast.UnaryOp):
             if isinstance(node.op, ast.UAdd):
-                return self.eval(node.operand)
-            return self._apply(node, ops.unary, type(node.op), self.eval(node.operand))
+                return self.walk(node.operand)
+            return self._apply(node, ops.unary, type(node.op), self.walk(node.operand))
         if isinstance(node, ast.BoolOp):
-            result = self.eval(node.values[0])
+            result = self.walk(node.values[0])
             for value in node.values[1:]:
-                result = self._apply(node, ops.logical, type(node.op), result, self.eval(value))
+                result = self._apply(node, ops.logical, type(node.op), result, self.walk(value))
             return result
         if isinstance(node, ast.Compare):
             return self._compare(node)
         if isinstance(node, ast.Call):
-            args = [self.eval(arg) for arg in node.args]
+            args = [self.walk(arg) for arg in node.args]
             return self._apply(node, ops.call, node.func.id, *args)
         raise AssertionError(f"unchecked node {type(node).__name__}")  # the checker lets nothing else through
 
     def _compare(self, node: ast.Compare) -> Any:
-        ops, left, combined = self._ops, self.eval(node.left), None
+        ops, left, combined = self._ops, self.walk(node.left), None
         for op, comparator in zip(node.ops, node.comparators):
             if isinstance(op, (ast.In, ast.NotIn)):
                 right, step = None, self._membership(node, op, left, comparator)
             else:
-                right = self.eval(comparator)
+                right = self.walk(comparator)
                 step = self._apply(node, ops.compare, type(op), left, right)
             left = right  # the previous operand is no longer needed
             combined = step if combined is None else self._apply(node, ops.logical, ast.And, combined, step)
@@ -572,5 +572,5 @@ def _analyse(tree: ast.Expression, names: Iterable[str]) -> tuple[int, bool]:
     """Run the evaluator on stand-ins: the peak of live arrays, and whether the result is boolean."""
     count = _LiveCount()
     env = {name: _StandIn(count, False) for name in names}  # held by the caller for the whole evaluation
-    result = _Evaluator(_CountingOps(count), env, "").eval(tree.body)
+    result = _Evaluator(_CountingOps(count), env, "").walk(tree.body)
     return count.peak, bool(result.boolean)
