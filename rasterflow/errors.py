@@ -21,6 +21,8 @@ __all__ = [
     "OutputExistsError",
     "ClusterError",
     "RunFailedError",
+    "SourceReadError",
+    "SourceMismatchError",
 ]
 
 
@@ -139,3 +141,11 @@ class ClusterError(RasterflowError, ConnectionError):
 
 class RunFailedError(RasterflowError, RuntimeError):
     """The computation or the write failed."""
+
+
+class SourceReadError(RasterflowError, OSError):
+    """A source file could not be opened or read; the message names the item, the asset and the href."""
+
+
+class SourceMismatchError(SourceReadError, ValueError):
+    """A source file contradicts its item's metadata (data type, band count, CRS or grid)."""

@@ -109,6 +109,32 @@ class Expression:
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             return _Evaluator(_ARRAY_OPS, env, self.text).walk(self._tree.body)
 
+    def check_kinds(self, kinds: Mapping[str, str]) -> str:
+        """Check the operations against the kinds of the inputs, before any pixel is read.
+
+        Parameters
+        ----------
+        kinds : Mapping[str, str]
+            ``"bool"``, ``"int"`` or ``"float"`` for each input name (an integer asset read raw, a float band...).
+
+        Returns
+        -------
+        str
+            The kind of the result.
+
+        Raises
+        ------
+        ExpressionError
+            With a caret under the operation, when an integer-only operation (``<<``, ``>>``, ``&``, ``|``, ``~``)
+            gets a float input, e.g. a bit test on a band that is loaded as floats.
+        """
+        missing = sorted(self.names.difference(kinds))
+        if missing:
+            raise ExpressionError(f"no kind given for {', '.join(missing)}", self.text)
+        return _Evaluator(_KindOps(), {name: _Kind(kinds[name]) for name in self.names}, self.text).walk(
+            self._tree.body
+        ).kind
+
 
 def parse_expression(text: str, known_names: Iterable[str], *, what: str = "expression") -> Expression:
     """Parse and check a band-math expression; nothing in it is computed.
@@ -566,6 +592,77 @@ class _CountingOps:
         else:
             boolean = name == "isnan" or (name in ("abs", "minimum", "maximum") and all(a.boolean for a in args))
         return self._result(boolean, *args)
+
+
+class _Kind:
+    """A value in the kind analysis: ``bool``, ``int`` or ``float``, as NumPy would type the real arrays."""
+
+    __slots__ = ("kind",)
+    _ORDER = {"bool": 0, "int": 1, "float": 2}
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    @classmethod
+    def widest(cls, *values: _Kind) -> _Kind:
+        return cls(max((v.kind for v in values), key=cls._ORDER.__getitem__))
+
+
+_INTEGER_ONLY = {ast.LShift: "<<", ast.RShift: ">>", ast.BitAnd: "&", ast.BitOr: "|"}
+
+
+class _KindOps:
+    """Kind propagation: what NumPy would compute, and a TypeError where NumPy would raise one on real pixels."""
+
+    @staticmethod
+    def literal(value: int | float) -> _Kind:
+        return _Kind("float" if isinstance(value, float) else "bool" if isinstance(value, bool) else "int")
+
+    @staticmethod
+    def _integer_only(symbol: str, *operands: _Kind) -> None:
+        if any(operand.kind == "float" for operand in operands):
+            raise TypeError(
+                f"'{symbol}' needs integer (or true/false) inputs, but an input here is float: bit operations work "
+                "on the source integers, which only the mask sees (bands see scaled floats); test the bits in the "
+                "mask, or compare instead (e.g. (a > 0) & (b > 0))"
+            )
+
+    def binary(self, op: type, left: _Kind, right: _Kind) -> _Kind:
+        if op in _INTEGER_ONLY:
+            self._integer_only(_INTEGER_ONLY[op], left, right)
+            if op in (ast.LShift, ast.RShift):
+                return _Kind("int")
+            return _Kind.widest(left, right)
+        if op is ast.Div:
+            return _Kind("float")
+        widest = _Kind.widest(left, right)
+        return _Kind("int") if widest.kind == "bool" else widest
+
+    def unary(self, op: type, operand: _Kind) -> _Kind:
+        if op is ast.Not:
+            return _Kind("bool")
+        if op is ast.Invert:
+            self._integer_only("~", operand)
+            return operand
+        return _Kind("int") if operand.kind == "bool" else operand
+
+    @staticmethod
+    def compare(op: type, left: _Kind, right: _Kind) -> _Kind:
+        return _Kind("bool")
+
+    @staticmethod
+    def logical(op: type, left: _Kind, right: _Kind) -> _Kind:
+        return _Kind("bool")
+
+    @staticmethod
+    def call(name: str, *args: _Kind) -> _Kind:
+        if name == "isnan":
+            return _Kind("bool")
+        if name in ("sqrt", "log", "exp"):
+            return _Kind("float")
+        if name == "where":
+            return _Kind.widest(args[1], args[2])
+        return _Kind.widest(*args)
 
 
 def _analyse(tree: ast.Expression, names: Iterable[str]) -> tuple[int, bool]:

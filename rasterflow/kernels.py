@@ -1,7 +1,7 @@
 """The per-chunk kernels: NumPy only, so they can be tested without Dask and run inside one task.
 
-One task takes a loaded block ``(time, asset, y, x)`` and runs scale/offset, the mask, the band expressions and the
-reduction over time on it, so intermediates never leave the task and never cross workers. The order of work and what
+One task takes its loaded :class:`Planes` (raw source values per asset) and runs the mask (on the raw values), nodata,
+scale/offset, the band expressions and the reduction over time on them, so intermediates never leave the task and never cross workers. The order of work and what
 stays alive here is what ``budget.py`` counts; change one, change the other.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 from rasterflow.expr import Expression
 
 __all__ = [
-    "Program", "band_block", "reduce_block", "reduce_time", "nanquantile_time", "solar_day_steps", "period_labels",
+    "Program", "Planes", "working_plane", "band_block", "reduce_block", "reduce_time", "nanquantile_time", "solar_day_steps", "period_labels",
     "group_indices",
 ]
 
@@ -25,24 +25,29 @@ class Program:
     """What a task computes, small and picklable (it travels to the workers with every task)."""
 
     assets: tuple[str, ...]
-    """Names of the asset axis of the loaded block, in order."""
+    """Names of the loaded assets, in the order of the task's planes."""
     mask: Expression | None
     masked_assets: tuple[str, ...]
+    """Assets the bands read: NaN where the mask drops a pixel."""
     bands: tuple[tuple[str, Expression], ...]
     dtype: str
     reduce_method: str | None = None
     quantiles: tuple[float, ...] = ()
     groups: tuple[tuple[int, ...], ...] = ()
-    """Time indices of each period; empty = one group of every date."""
-    nodata: int | None = None
-    """The raw value that means "no data" when blocks are loaded as integers (the source dtype); None for floats."""
+    """Output-date indices of each period; empty = one group of every date."""
     steps: tuple[tuple[int, ...], ...] = ()
     """Item indices that make up each output date (``source.group_by: solar_day``: the tiles of one pass, mosaicked
-    first-valid after masking); empty = every item is its own date."""
+    per pixel after masking); empty = every item is its own date."""
 
     @property
     def band_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.bands)
+
+    @property
+    def band_assets(self) -> tuple[str, ...]:
+        """The assets the band expressions read (directly)."""
+        read = set().union(*(expression.names for _, expression in self.bands))
+        return tuple(a for a in self.assets if a in read)
 
     @property
     def n_groups(self) -> int:
@@ -53,21 +58,47 @@ class Program:
         return max(1, len(self.quantiles))
 
 
-def _time_slice(block_info: dict | None, length: int) -> slice:
-    if not block_info:
-        return slice(0, length)
-    start, stop = block_info[0]["array-location"][0]
-    return slice(start, stop)
+@dataclass(frozen=True)
+class Planes:
+    """One task's loaded pixels: per asset a ``(t, y, x)`` array of the *raw* source values, and how to read them.
 
-
-def _working_plane(raw: np.ndarray, dtype: np.dtype, scale: float, offset: float, nodata: float | None) -> np.ndarray:
-    """One asset's ``(y, x)`` plane as a new array in the working dtype: nodata -> NaN, then scale and offset.
-
-    Scale and offset are applied in the working dtype, multiply then add, as the float reference does.
+    Raw means as stored in the files (integers for most sources): the mask runs on these, so bit tests on QA bands
+    work and a nodata class (SCL 0) is a value like any other. Band math sees :func:`working_plane` values.
     """
+
+    raw: tuple[np.ndarray, ...]
+    """Per asset ``(t, y, x)`` in the asset's load dtype; pixels no file covers hold the asset's fill value."""
+    covered: tuple[np.ndarray | None, ...]
+    """Per asset a ``(t, y, x)`` boolean array of the pixels some file covered, where the fill value could be real
+    data (an integer asset without one nodata value); None where the fill value is itself "no data"."""
+    nodata: np.ndarray
+    """``(t, asset)`` raw nodata value per item (NaN = none declared)."""
+    scale: np.ndarray
+    """``(t, asset)`` scale per item."""
+    offset: np.ndarray
+    """``(t, asset)`` offset per item."""
+
+    @property
+    def n_items(self) -> int:
+        return int(self.nodata.shape[0])
+
+    @property
+    def spatial_shape(self) -> tuple[int, int]:
+        return self.raw[0].shape[1:]  # type: ignore[return-value]
+
+
+def working_plane(planes: Planes, t: int, a: int, dtype: np.dtype) -> np.ndarray:
+    """Item ``t``'s asset ``a`` as a new ``(y, x)`` array in the working dtype: nodata and uncovered -> NaN, then
+    scale and offset (multiply then add, in the working dtype, as the float reference does)."""
+    raw = planes.raw[a][t]
     values = raw.astype(dtype, copy=True)
-    if nodata is not None:
+    nodata = planes.nodata[t, a]
+    if not np.isnan(nodata):
         np.copyto(values, np.nan, where=raw == nodata)
+    covered = planes.covered[a]
+    if covered is not None:
+        np.copyto(values, np.nan, where=~covered[t])
+    scale, offset = planes.scale[t, a], planes.offset[t, a]
     if scale != 1:
         values *= dtype.type(scale)
     if offset != 0:
@@ -75,25 +106,54 @@ def _working_plane(raw: np.ndarray, dtype: np.dtype, scale: float, offset: float
     return values
 
 
-def _band_series(block: np.ndarray, program: Program, scale: np.ndarray, offset: np.ndarray) -> dict[str, np.ndarray]:
-    """Scale, mask and evaluate the bands of one block: every band's ``(t, y, x)`` values in the working dtype.
+def _masked_assets(planes: Planes, t: int, program: Program, dtype: np.dtype) -> dict[str, np.ndarray]:
+    """Item ``t``'s assets as working-dtype planes; the mask, evaluated on the raw values, sets NaN in the assets
+    the bands read."""
+    drop = None
+    if program.mask is not None:
+        raw_env = {name: planes.raw[a][t] for a, name in enumerate(program.assets)}
+        drop = np.asarray(program.mask.evaluate(raw_env)) != 0  # true or nonzero = drop
+        del raw_env
+    env: dict[str, np.ndarray] = {name: working_plane(planes, t, a, dtype) for a, name in enumerate(program.assets)}
+    if drop is not None:
+        for name in program.masked_assets:
+            np.copyto(env[name], np.nan, where=drop)
+    return env
 
-    The block is the raw load (integers with ``program.nodata``, or floats with NaN). Everything is elementwise, so
-    the work runs one date at a time: the temporaries are ``(y, x)`` planes (1/t of the series, cache-sized for
-    typical chunks), and the only ``t``-deep arrays are the block and one output series per band.
+
+def _valid(env: dict[str, np.ndarray], names: Sequence[str]) -> np.ndarray:
+    valid = ~np.isnan(env[names[0]])
+    for name in names[1:]:
+        valid &= ~np.isnan(env[name])
+    return valid
+
+
+def _band_series(planes: Planes, program: Program) -> dict[str, np.ndarray]:
+    """Mask and evaluate the bands of one task's planes: every band's ``(date, y, x)`` values in the working dtype.
+
+    Everything is per pixel, so the work runs one date at a time: the temporaries are ``(y, x)`` planes, and the
+    only date-deep arrays are the loaded planes and one output series per band. With solar-day steps the tiles of a
+    pass are mosaicked per pixel: a pixel takes *every* asset from the first tile in which the assets the bands read
+    are all valid (not nodata, not masked), so red and nir of one pixel never come from different tiles.
     """
     dtype = np.dtype(program.dtype)
-    nodata = program.nodata if block.dtype.kind in "iu" else None
-    steps = program.steps or tuple((t,) for t in range(block.shape[0]))
-    series = {name: np.empty((len(steps), *block.shape[2:]), dtype=dtype) for name in program.band_names}
+    steps = program.steps or tuple((t,) for t in range(planes.n_items))
+    series = {name: np.empty((len(steps), *planes.spatial_shape), dtype=dtype) for name in program.band_names}
+    judged = program.band_assets or program.assets
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for step, indices in enumerate(steps):
-            env = _masked_assets(block, indices[0], program, dtype, scale, offset, nodata)
-            for t in indices[1:]:  # the other tiles of the same pass fill what is still empty
-                more = _masked_assets(block, t, program, dtype, scale, offset, nodata)
-                for name, plane in env.items():
-                    np.copyto(plane, more[name], where=np.isnan(plane))
-                del more
+            env = _masked_assets(planes, indices[0], program, dtype)
+            if len(indices) > 1:
+                filled = _valid(env, judged)
+                for t in indices[1:]:
+                    more = _masked_assets(planes, t, program, dtype)
+                    take = _valid(more, judged)
+                    take &= ~filled
+                    for name, plane in env.items():
+                        np.copyto(plane, more[name], where=take)
+                    filled |= take
+                    del more, take
+                del filled
             for name, expression in program.bands:
                 env[name] = np.asarray(expression.evaluate(env), dtype=dtype)
                 series[name][step] = env[name]
@@ -101,42 +161,26 @@ def _band_series(block: np.ndarray, program: Program, scale: np.ndarray, offset:
     return series
 
 
-def _masked_assets(block: np.ndarray, t: int, program: Program, dtype: np.dtype, scale: np.ndarray,
-                   offset: np.ndarray, nodata: int | None) -> dict[str, np.ndarray]:
-    """Item ``t``'s assets as working-dtype planes, with the mask applied to the assets the bands read."""
-    env: dict[str, np.ndarray] = {
-        name: _working_plane(block[t, a], dtype, scale[t, a], offset[t, a], nodata)
-        for a, name in enumerate(program.assets)
-    }
-    if program.mask is not None:
-        drop = np.asarray(program.mask.evaluate(env), dtype=bool)
-        for name in program.masked_assets:
-            np.copyto(env[name], np.nan, where=drop)  # the planes are this item's own copies
-    return env
-
-
-def band_block(block: np.ndarray, program: Program, scale: np.ndarray, offset: np.ndarray,
-               block_info: dict | None = None) -> np.ndarray:
-    """Mask and band math of one block: ``(t, asset, y, x)`` -> ``(t, band, y, x)``."""
-    times = _time_slice(block_info, scale.shape[0])
-    values = _band_series(block, program, scale[times], offset[times])
-    out = np.empty((len(program.steps) or block.shape[0], len(values), *block.shape[2:]), dtype=program.dtype)
+def band_block(planes: Planes, program: Program) -> np.ndarray:
+    """Mask and band math of one task: -> ``(date, band, y, x)``."""
+    values = _band_series(planes, program)
+    n_dates = len(program.steps) or planes.n_items
+    out = np.empty((n_dates, len(values), *planes.spatial_shape), dtype=program.dtype)
     for index, name in enumerate(program.band_names):
         out[:, index] = values.pop(name)
     return out
 
 
-def reduce_block(block: np.ndarray, program: Program, scale: np.ndarray, offset: np.ndarray,
-                 block_info: dict | None = None) -> np.ndarray:
-    """The fused task: ``(time, asset, y, x)`` -> ``(group, quantile, band, y, x)``; time must be whole."""
-    values = _band_series(block, program, scale, offset)
-    groups = program.groups or (tuple(range(len(program.steps) or block.shape[0])),)
-    out = np.empty((len(groups), program.n_quantiles, len(values), *block.shape[2:]), dtype=program.dtype)
+def reduce_block(planes: Planes, program: Program) -> np.ndarray:
+    """The fused task: -> ``(group, quantile, band, y, x)``; the planes hold every date."""
+    values = _band_series(planes, program)
+    groups = program.groups or (tuple(range(len(program.steps) or planes.n_items)),)
+    out = np.empty((len(groups), program.n_quantiles, len(values), *planes.spatial_shape), dtype=program.dtype)
     for band_index, name in enumerate(program.band_names):
         series = values.pop(name)
         for group_index, indices in enumerate(groups):
             subset = series if len(indices) == series.shape[0] else series[list(indices)]
-            out[group_index, :, band_index] = reduce_time(subset, program.reduce_method, program.quantiles)
+            out[group_index, :, band_index] = reduce_time(subset, program.reduce_method or "", program.quantiles)
         del series
     return out
 

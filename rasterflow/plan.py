@@ -11,12 +11,15 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from rasterflow import budget
+from rasterflow.errors import SpecError, SpecIssue
+from rasterflow.kernels import Program, group_indices, period_labels, solar_day_steps
+from rasterflow.sources import MissingAsset, SourceTable, missing_assets, resolve_sources
 from rasterflow.sizing import WorkerLayout, local_machine, size_local_cluster
 from rasterflow.units import parse_bytes
 
 __all__ = [
-    "GridPlan", "JobPlan", "resolve_grid", "source_encoding", "local_layout", "budget_inputs", "make_plan",
-    "static_check",
+    "GridPlan", "JobPlan", "resolve_grid", "local_layout", "budget_inputs", "make_plan", "static_check",
+    "check_items", "output_dates",
 ]
 
 
@@ -52,6 +55,20 @@ class JobPlan:
     report: budget.BudgetReport
     items: tuple[dict, ...] = ()
     """Item dicts from the search (empty for a static plan)."""
+    sources: SourceTable | None = None
+    """Per item and asset: href, declared grid, dtype, nodata, scale/offset (None for a static plan)."""
+    program: Program | None = None
+    """What every task computes (None for a static plan)."""
+    times: tuple[str, ...] = ()
+    """The output dates (ISO 8601, UTC, no zone): one per item, or one per pass with ``group_by: solar_day``."""
+    period_labels: tuple[str, ...] = ()
+    """The output periods ("2024-06", "2024-JJA", "2024"), empty without ``reduce.period``."""
+    quantile_dim: bool = False
+    """True when the output has a quantile dimension (``reduce.q`` is a list)."""
+    name: str = ""
+    resampling: str = "nearest"
+    expressions: tuple[tuple[str, str], ...] = ()
+    """Band name -> expression text, for the outputs' metadata."""
 
     @property
     def chunks(self) -> dict[str, int]:
@@ -81,32 +98,18 @@ def resolve_grid(spec: Any) -> GridPlan:
     return GridPlan(crs=spec.grid.crs, resolution=resolution, bounds=(minx, miny, maxx, maxy), shape=(height, width))
 
 
-def source_encoding(items: Sequence[dict], asset_keys: Sequence[str]) -> tuple[str, int] | None:
-    """The integer dtype and nodata value to load raw values in, or None to load floats with NaN.
+def output_dates(items: Sequence[dict], group_by: str) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
+    """The output dates (``YYYY-MM-DDTHH:MM:SS[.ffffff]``, UTC) and, for ``solar_day``, the items of each pass."""
+    if group_by == "solar_day":
+        first, steps = solar_day_steps(items)
+        return tuple(_naive_utc(t) for t in first), steps
+    return tuple(_naive_utc(item["properties"]["datetime"]) for item in items), ()
 
-    Loading the source integers (uint16 for Sentinel-2) instead of floats halves the loaded block; the kernel
-    converts one date at a time. That is exact only when one value means "no data" in every asset: every loaded
-    asset of every item must declare an integer ``raster:bands`` data_type and the same nodata, which stackstac then
-    also uses as the fill outside the data.
-    """
-    import numpy as np
 
-    dtypes, nodatas = set(), set()
-    for item in items:
-        for key in asset_keys:
-            bands = (item.get("assets", {}).get(key) or {}).get("raster:bands") or [{}]
-            dtypes.add(bands[0].get("data_type"))
-            nodatas.add(bands[0].get("nodata"))
-    if not items or len(nodatas) != 1 or None in dtypes:
-        return None
-    (nodata,) = nodatas
-    try:
-        dtype = np.result_type(*(np.dtype(d) for d in dtypes))
-    except TypeError:
-        return None
-    if dtype.kind not in "iu" or not isinstance(nodata, int) or not np.can_cast(np.min_scalar_type(nodata), dtype):
-        return None
-    return dtype.name, nodata
+def _naive_utc(text: str) -> str:
+    from rasterflow.spec.timeparse import parse_instant
+
+    return parse_instant(text).replace(tzinfo=None).isoformat()
 
 
 def local_layout(spec: Any) -> WorkerLayout:
@@ -155,14 +158,78 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
               source_tile: tuple[int, int] | None = None) -> JobPlan:
     """Resolve grid, layout and budget (with fixes when refused). Pure: the caller did the search, the cluster
     query and (optionally) read one source file's tile shape."""
+    import numpy as np
+
     grid = resolve_grid(spec)
     layout = layout or local_layout(spec)
     shape = budget.pipeline_shape(spec)
-    encoding = source_encoding(items or (), [spec.source.assets[a] for a in shape.assets_loaded])
-    inputs = budget_inputs(spec, grid, layout, None if items is None else len(items), source_tile,
-                           encoding[0] if encoding else None)
+    sources = None
+    load_dtype = None
+    if items is not None:
+        sources = resolve_sources(items, {a: spec.source.assets[a] for a in shape.assets_loaded}, grid,
+                                  overrides=spec.source.overrides, working_dtype=spec.grid.dtype)
+        # the widest loaded asset sizes the block (conservative for mixed uint8 / uint16 assets)
+        load_dtype = max((a.load_dtype for a in sources.assets), key=lambda d: np.dtype(d).itemsize, default=None)
+    inputs = budget_inputs(spec, grid, layout, None if items is None else len(items), source_tile, load_dtype)
     report = budget.with_fixes(budget.estimate(shape, inputs, on_exceed=spec.budget.on_exceed), shape)
-    return JobPlan(grid=grid, layout=layout, shape=shape, report=report, items=tuple(items or ()))
+    if sources is not None and sources.warnings:
+        report = budget.dataclasses_replace(report, warnings=report.warnings + sources.warnings)
+    times: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
+    program = None
+    if items is not None:
+        times, steps = output_dates(items, spec.source.group_by)
+        groups: tuple[tuple[int, ...], ...] = ()
+        if spec.reduce is not None and spec.reduce.period:
+            dates = [np.datetime64(t) for t in times]
+            labels, groups = group_indices(period_labels(dates, spec.reduce.period))
+        program = Program(
+            assets=shape.assets_loaded, mask=shape.mask, masked_assets=shape.masked_assets, bands=shape.bands,
+            dtype=spec.grid.dtype, reduce_method=spec.reduce.method if spec.reduce else None,
+            quantiles=spec.reduce.quantiles if spec.reduce else (), groups=groups, steps=steps,
+        )
+    return JobPlan(
+        grid=grid, layout=layout, shape=shape, report=report, items=tuple(items or ()), sources=sources,
+        program=program, times=times, period_labels=labels,
+        quantile_dim=spec.reduce is not None and isinstance(spec.reduce.q, list), name=spec.name,
+        resampling=spec.grid.resampling, expressions=tuple(spec.bands.items()),
+    )
+
+
+def check_items(loaded: Any, plan: JobPlan) -> None:
+    """Check the searched items against the spec, before any pixel is read.
+
+    Raises
+    ------
+    SpecError
+        (exit 2) when items lack an asset key of the spec (naming the spec line, the key, the keys the items do
+        have), or when the mask applies an integer-only operation to an asset the items declare as float.
+    """
+    from rasterflow.errors import ExpressionError
+
+    spec = loaded.spec
+    issues: list[SpecIssue] = []
+    loaded_assets = {a: spec.source.assets[a] for a in plan.shape.assets_loaded}
+    problems: list[MissingAsset] = missing_assets(plan.items, loaded_assets)
+    for problem in problems:
+        issues.append(_issue(loaded, ("source", "assets", problem.name), "source.assets." + problem.name,
+                             problem.message()))
+    if not problems and plan.sources is not None and plan.shape.mask is not None:
+        kinds = plan.sources.kinds()
+        try:
+            plan.shape.mask.check_kinds({name: kinds[name] for name in plan.shape.mask.names})
+        except ExpressionError as err:
+            floats = [n for n in plan.shape.mask.names if kinds[n] == "float"]
+            issues.append(_issue(loaded, ("mask",), "mask", f"{err}\n(the items declare {', '.join(floats)} as "
+                                 "float, or do not declare their data type: set source.overrides.<name>.data_type)"))
+    if issues:
+        raise SpecError(issues)
+
+
+def _issue(loaded: Any, loc: tuple, field: str, message: str) -> SpecIssue:
+    position = loaded.positions.position_of(loc)
+    return SpecIssue(str(loaded.path), position.line if position else None, position.column if position else None,
+                     field, message)
 
 
 def static_check(loaded: Any) -> budget.BudgetReport:

@@ -73,7 +73,7 @@ def profile_one_task(plan: Any, spec: Any, *, use_memray: bool = True, flamegrap
 
     from rasterflow import graph
 
-    dataset = graph.build_dataset(plan, spec)
+    dataset = graph.build_dataset(plan)
     variable = dataset[next(iter(dataset.data_vars))].data
     index = _middle_block(variable)
     block = variable.blocks[index]

@@ -17,7 +17,7 @@ import click
 
 from rasterflow import budget
 from rasterflow.errors import ExitCode, RasterflowError, RunFailedError
-from rasterflow.plan import JobPlan, local_layout, make_plan
+from rasterflow.plan import JobPlan, check_items, local_layout, make_plan
 from rasterflow.units import format_bytes, parse_bytes
 
 __all__ = [
@@ -33,12 +33,17 @@ def _echo(message: str = "", **style: Any) -> None:
 
 
 def plan_with_items(loaded: Any, items: list[dict], layout: Any) -> JobPlan:
-    """The plan for searched items: also reads the first loaded asset's header for its tile shape (no pixels)."""
+    """The plan for searched items, checked against the spec (asset keys, mask types: exit 2 before any pixel is
+    read); also reads the first loaded asset's header for its tile shape (no pixels)."""
     from rasterflow.catalog import source_tile_shape
 
     spec = loaded.spec
-    assets = budget.pipeline_shape(spec).assets_loaded
+    plan = make_plan(spec, items=items, layout=layout)
+    check_items(loaded, plan)
+    assets = plan.shape.assets_loaded
     tile = source_tile_shape(items, spec.source.assets[assets[0]]) if assets and items else None
+    if tile is None:
+        return plan
     return make_plan(spec, items=items, layout=layout, source_tile=tile)
 
 
@@ -93,6 +98,7 @@ def plan_command(loaded: Any, *, as_json: bool = False, fix: bool = False) -> in
                      "transform": list(plan.grid.transform)},
             "layout": {"n_workers": layout.n_workers, "threads_per_worker": layout.threads_per_worker,
                        "memory_limit": layout.memory_limit, "source": layout.source},
+            "assets": _assets_applied(plan),
             "budget": report.to_dict(),
         }
         click.echo(json.dumps(payload, indent=2))
@@ -107,6 +113,13 @@ def plan_command(loaded: Any, *, as_json: bool = False, fix: bool = False) -> in
     return ExitCode.OK if report.ok else ExitCode.OVER_BUDGET
 
 
+def _assets_applied(plan: JobPlan) -> dict[str, dict]:
+    """Per loaded asset: its key, the dtype it loads in and what metadata was applied (for how many items)."""
+    if plan.sources is None:
+        return {}
+    return {a.name: {"key": a.key, "load_dtype": a.load_dtype, "applied": list(a.applied)} for a in plan.sources.assets}
+
+
 def _print_plan(loaded: Any, plan: JobPlan) -> None:
     report, inputs = plan.report, plan.report.inputs
     cy, cx = inputs.chunk_yx
@@ -116,6 +129,12 @@ def _print_plan(loaded: Any, plan: JobPlan) -> None:
           f"{plan.grid.resolution:g} m, bounds {tuple(round(b, 3) for b in plan.grid.bounds)}")
     _echo(f"  chunk            time {inputs.time_per_chunk} x y {cy} x x {cx}, {inputs.dtype}: "
           f"{format_bytes(inputs.plane_bytes)} per asset plane")
+    for index, (name, asset) in enumerate(_assets_applied(plan).items()):
+        label = "assets" if index == 0 else ""
+        key = f" ({asset['key']})" if asset["key"] != name else ""
+        _echo(f"  {label:<16} {name}{key}: loaded as {asset['load_dtype']}")
+        for line in asset["applied"]:
+            _echo(f"  {'':<18} {line}")
     _echo(f"  tasks            about {report.task_count:,}")
     _echo(f"  workers          {plan.layout.n_workers} x {plan.layout.threads_per_worker} thread(s), "
           f"limit {format_bytes(plan.layout.memory_limit)} each ({plan.layout.source})")
@@ -165,7 +184,7 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
         budget.enforce(plan.report, where=loaded.where("chunks"))
         job_id = fingerprint(loaded, plan)
         # Now that the items are known, so are all the files a COG run writes (one per period / quantile).
-        expected = write.cog_output_paths(output_path, _leading_coords(spec, items)) if fmt == "cog" else None
+        expected = write.cog_output_paths(output_path, _leading_coords(plan)) if fmt == "cog" else None
         write.check_output_target(output_path, fmt, overwrite=spec.output.overwrite, fingerprint=job_id,
                                   paths=expected)
         result = _execute(loaded, plan, output_path, fmt, job_id, report, timer)
@@ -199,16 +218,13 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
     return code
 
 
-def _leading_coords(spec: Any, items: list[dict]) -> dict[str, list]:
+def _leading_coords(plan: JobPlan) -> dict[str, list]:
     """The output's leading dimensions (period, quantile) as the writers will name them."""
-    from rasterflow.kernels import group_indices, period_labels
-
     coords: dict[str, list] = {}
-    if spec.reduce is not None and spec.reduce.period:
-        times = [item["properties"]["datetime"].rstrip("Zz")[:19] for item in items]
-        coords["period"] = list(group_indices(period_labels(times, spec.reduce.period))[0])
-    if spec.reduce is not None and isinstance(spec.reduce.q, list):
-        coords["quantile"] = list(spec.reduce.q)
+    if plan.period_labels:
+        coords["period"] = list(plan.period_labels)
+    if plan.quantile_dim and plan.program is not None:
+        coords["quantile"] = list(plan.program.quantiles)
     return coords
 
 
@@ -235,7 +251,7 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
         with MemorySampler(handle.client) as sampler:
             timer.on_start = sampler.mark
             with timer("graph"):
-                dataset = graph.build_dataset(plan, spec)
+                dataset = graph.build_dataset(plan)
             with timer("compute+write"), CountingProgress(label="blocks written") as progress:
                 if fmt == "zarr":
                     result = write.write_zarr(dataset, output_path, overwrite=spec.output.overwrite,

@@ -317,7 +317,8 @@ def test_existing_period_file_refused_before_the_cluster_starts(write_spec, samp
 
 
 def _mosaic_reference(sample) -> tuple[np.ndarray, list[str]]:
-    """Masked NDVI per date, each date's tiles placed on the union grid (rasterio + NumPy only)."""
+    """Masked NDVI per date, each date's tiles placed on the union grid (rasterio + NumPy only); where tiles of a
+    pass overlap, a pixel takes the first tile (in item order) whose red and nir are both valid there."""
     items = load_items(sample)
     minx, _, maxx, maxy = sample.bounds
     width = int(round((maxx - minx) / 10))
@@ -330,7 +331,8 @@ def _mosaic_reference(sample) -> tuple[np.ndarray, list[str]]:
             col = int(round((src.transform.c - minx) / 10))
             row = int(round((maxy - src.transform.f) / 10))
         d = dates.index(item["properties"]["datetime"][:10])
-        out[d, row:row + ndvi.shape[0], col:col + ndvi.shape[1]] = ndvi
+        target = out[d, row:row + ndvi.shape[0], col:col + ndvi.shape[1]]
+        np.copyto(target, ndvi, where=np.isnan(target))
     return out, dates
 
 

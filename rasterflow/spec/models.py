@@ -31,6 +31,7 @@ __all__ = [
     "Spec",
     "Source",
     "StacSource",
+    "AssetOverride",
     "Grid",
     "Chunks",
     "Reduce",
@@ -135,6 +136,32 @@ class StacSource(_Model):
         return query
 
 
+SOURCE_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "float64")
+
+
+class AssetOverride(_Model):
+    """What to use for one asset instead of (or besides) what the catalog's metadata says."""
+
+    scale: StrictFloat | StrictInt | None = Field(
+        default=None, description="Multiply the raw values by this (replaces raster:bands scale / raster:scale)."
+    )
+    offset: StrictFloat | StrictInt | None = Field(
+        default=None, description="Then add this (replaces raster:bands offset / raster:offset), e.g. -0.1 for "
+        "Sentinel-2 L2A of processing baseline 04.00 or later when the catalog declares no offset."
+    )
+    nodata: StrictFloat | StrictInt | Literal["none"] | None = Field(
+        default=None, description='The raw value that means "no data" (replaces the catalog\'s); "none" = every '
+        "value is data."
+    )
+    data_type: Literal[SOURCE_DTYPES] | None = Field(  # type: ignore[valid-type]
+        default=None, description="The files' data type, when the catalog does not declare it (the reader checks it)."
+    )
+    ignore_catalog: StrictBool = Field(
+        default=False, description="Ignore the catalog's scale, offset, nodata and data type for this asset: "
+        "raw values as stored (then the fields above, where given)."
+    )
+
+
 class Source(_Model):
     """The input: a STAC search and the assets to load from each item."""
 
@@ -145,7 +172,13 @@ class Source(_Model):
     group_by: Literal["item", "solar_day"] = Field(
         default="item",
         description="item = every item is its own date; solar_day = the tiles of one pass (same solar day) are "
-        "masked, then mosaicked first-valid into one date, so overlaps are not counted twice (needs chunks.time: -1).",
+        "masked, then mosaicked per pixel into one date (every asset of a pixel from the first tile that has "
+        "it valid), so overlaps are not counted twice (needs chunks.time: -1).",
+    )
+    overrides: dict[StrictStr, AssetOverride] = Field(
+        default_factory=dict,
+        description="Per asset name (a key of assets): scale, offset, nodata or data_type to use instead of the "
+        "catalog's metadata, or ignore_catalog: true.",
     )
 
     @field_validator("assets")
@@ -154,6 +187,22 @@ class Source(_Model):
         for name in assets:
             _check_identifier(name, "asset name")
         return assets
+
+    @model_validator(mode="after")
+    def _check_overrides(self) -> Source:
+        for name in self.overrides:
+            if name not in self.assets:
+                raise _LocatedError(("overrides", name), f"{name!r} is not an asset name; the assets are "
+                                    f"{', '.join(self.assets)}")
+        return self
+
+    def asset_kind(self, name: str) -> str | None:
+        """``int`` or ``float`` when the spec itself says which data type the asset has; None when only the
+        catalog knows."""
+        override = self.overrides.get(name)
+        if override is None or override.data_type is None:
+            return None
+        return "float" if override.data_type.startswith("float") else "int"
 
 
 class Grid(_Model):
@@ -410,14 +459,24 @@ class Spec(_Model):
                 mask = parse_expression(self.mask, assets, what="mask")
             except ExpressionError as err:
                 raise _LocatedError(("mask",), str(err)) from None
-            if not mask.is_boolean:
+            # The mask sees the raw source values: integers unless the spec says otherwise (plan checks again
+            # with the data types the items declare).
+            try:
+                kind = mask.check_kinds({a: self.source.asset_kind(a) or "int" for a in mask.names})
+            except ExpressionError as err:
+                raise _LocatedError(("mask",), str(err)) from None
+            if not mask.is_boolean and kind != "int":
                 raise _LocatedError(
-                    ("mask",), f"must be a true/false expression such as \"scl in (3, 8, 9, 10)\" (got {self.mask!r})"
+                    ("mask",), f"must be a true/false expression such as \"scl in (3, 8, 9, 10)\" or an integer bit "
+                    f"test such as \"(qa >> 3) & 1\" (nonzero = drop) (got {self.mask!r})"
                 )
         known = list(assets)
+        kinds: dict[str, str] = {a: "float" for a in assets}
         for name, text in self.bands.items():
             try:
-                parse_expression(text, known, what=f"band {name!r}")
+                band = parse_expression(text, known, what=f"band {name!r}")
+                # Bands see scaled values in the working dtype: every asset is a float there.
+                kinds[name] = band.check_kinds(kinds)
             except ExpressionError as err:
                 raise _LocatedError(("bands", name), str(err)) from None
             known.append(name)

@@ -1,0 +1,161 @@
+"""Open source files once per worker thread, check them against their item's metadata, and name them in errors.
+
+rasterio datasets must not be shared between threads, so each thread keeps its own bounded cache (LRU) of open
+datasets and of the WarpedVRTs made from them. A file is checked when it is opened: a data type, band count, CRS or
+grid that contradicts the item's metadata is an error (:class:`~rasterflow.errors.SourceMismatchError`), never a
+silently wrong read.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from rasterflow.errors import SourceMismatchError, SourceReadError
+from rasterflow.sources import AssetRead
+
+__all__ = ["MAX_OPEN_PER_THREAD", "GDAL_OPEN_OPTIONS", "open_source", "warped_source", "reason", "clear_cache"]
+
+MAX_OPEN_PER_THREAD = 512
+"""Open datasets one thread keeps (least recently used closed first): a task reads every date of every asset, so
+the bound must hold one chunk's files (36 dates x 3 assets = 108) to avoid reopening them for every chunk."""
+
+VSI_CACHE_SIZE = 1_000_000
+"""Bytes of file cache GDAL keeps per open file. GDAL's default is 25 MB *per file handle*, and files stay open for
+the job (108 files -> 2.7 GB per thread); 1 MB holds a COG header and its tile index."""
+
+GDAL_OPEN_OPTIONS = {
+    "GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR",
+    "VSI_CACHE": True,
+    "VSI_CACHE_SIZE": VSI_CACHE_SIZE,
+    "GDAL_HTTP_MERGE_CONSECUTIVE_RANGES": "YES",
+}
+"""Set around every open: no directory listing (a COG needs none), a small per-file cache, merged ranges."""
+
+_local = threading.local()
+
+
+def _cache() -> OrderedDict[Any, Any]:
+    cache = getattr(_local, "cache", None)
+    if cache is None:
+        cache = _local.cache = OrderedDict()
+    return cache
+
+
+def clear_cache() -> None:
+    """Close every dataset this thread has open."""
+    cache = _cache()
+    while cache:
+        _, dataset = cache.popitem()
+        dataset.close()
+
+
+def _remember(key: Any, dataset: Any) -> Any:
+    cache = _cache()
+    cache[key] = dataset
+    while len(cache) > MAX_OPEN_PER_THREAD:
+        _, old = cache.popitem(last=False)
+        old.close()
+    return dataset
+
+
+def reason(err: BaseException) -> str:
+    """GDAL's own words for a failure: rasterio's message plus the GDAL error chained under it."""
+    parts = [str(err).strip() or type(err).__name__]
+    cause = err.__cause__ or err.__context__
+    while cause is not None and len(parts) < 4:
+        text = str(cause).strip()
+        if text and text not in parts:
+            parts.append(text)
+        cause = cause.__cause__ or cause.__context__
+    return ": ".join(parts)
+
+
+def open_source(read: AssetRead) -> Any:
+    """The open, checked rasterio dataset of ``read.href`` (cached in this thread)."""
+    import rasterio
+
+    key = ("file", read.href)
+    cache = _cache()
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    if not read.href:
+        raise SourceReadError(f"{read.describe()}: the asset has no href")
+    try:
+        with rasterio.Env(**GDAL_OPEN_OPTIONS):
+            dataset = rasterio.open(read.href)
+    except Exception as err:  # RasterioIOError, CPLE_*: any failure to open is the same to the user
+        raise SourceReadError(f"cannot open {read.describe()}: {reason(err)}") from None
+    try:
+        check_against_metadata(read, dataset)
+    except SourceMismatchError:
+        dataset.close()
+        raise
+    return _remember(key, dataset)
+
+
+def check_against_metadata(read: AssetRead, dataset: Any) -> None:
+    """Raise :class:`SourceMismatchError` when the file contradicts what its item declares."""
+    problems = []
+    if dataset.count < 1:
+        problems.append("the file has no band")
+    elif read.band_count is not None and dataset.count != read.band_count:
+        problems.append(f"the file has {dataset.count} bands, the item's metadata declares {read.band_count}")
+    elif read.band_count is None and dataset.count != 1:
+        problems.append(f"the file has {dataset.count} bands; rasterflow reads single-band assets (band 1 would be "
+                        "read and the others ignored)")
+    file_dtype = dataset.dtypes[0] if dataset.count else None
+    if read.data_type is not None and file_dtype is not None and file_dtype != read.data_type:
+        problems.append(f"its data type is {file_dtype}, the item's metadata says {read.data_type} (set "
+                        f"source.overrides.{read.name}.data_type: {file_dtype} if the file is right)")
+    if read.crs is not None:
+        file_crs = dataset.crs
+        if file_crs is None:
+            problems.append(f"the file has no CRS, the item's metadata says {read.crs}")
+        else:
+            from rasterio.crs import CRS
+
+            if CRS.from_user_input(read.crs) != file_crs:
+                problems.append(f"its CRS is {file_crs.to_string()}, the item's metadata says {read.crs}")
+    if read.shape is not None and tuple(read.shape) != (dataset.height, dataset.width):
+        problems.append(f"its shape is {dataset.height} x {dataset.width}, the item's proj:shape says "
+                        f"{read.shape[0]} x {read.shape[1]}")
+    if read.transform is not None:
+        actual = tuple(dataset.transform)[:6]
+        if not all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6) for a, b in zip(actual, read.transform)):
+            problems.append(f"its transform is {list(actual)}, the item's proj:transform says {list(read.transform)}")
+    if problems:
+        raise SourceMismatchError(f"{read.describe()} contradicts its item's metadata: " + "; ".join(problems))
+
+
+def warped_source(read: AssetRead, grid: Any, resampling: str, fill: float | None) -> Any:
+    """A WarpedVRT of the file on the output grid (cached in this thread); with ``fill`` None it carries an alpha
+    band that says which pixels the file covers."""
+    from affine import Affine
+    from rasterio.enums import Resampling
+    from rasterio.vrt import WarpedVRT
+
+    key = ("vrt", read.href, grid, resampling, None if fill is None or math.isnan(fill) else fill, fill is None)
+    cache = _cache()
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    dataset = open_source(read)
+    options: dict[str, Any] = dict(
+        crs=grid.crs, transform=Affine(*grid.transform), width=grid.shape[1], height=grid.shape[0],
+        resampling=Resampling[resampling],
+    )
+    if read.nodata is not None:
+        options["src_nodata"] = read.nodata
+    if fill is None:
+        options["add_alpha"] = True
+    else:
+        options["nodata"] = fill
+    try:
+        vrt = WarpedVRT(dataset, **options)
+    except Exception as err:
+        raise SourceReadError(f"cannot warp {read.describe()} onto the output grid: {reason(err)}") from None
+    return _remember(key, vrt)
