@@ -16,7 +16,7 @@ from typing import Any
 from rasterflow.errors import SourceMismatchError, SourceReadError
 from rasterflow.sources import AssetRead
 
-__all__ = ["MAX_OPEN_PER_THREAD", "GDAL_OPEN_OPTIONS", "open_source", "warped_source", "reason", "clear_cache"]
+__all__ = ["MAX_OPEN_PER_THREAD", "GDAL_OPEN_OPTIONS", "open_source", "warped_source", "reason", "clear_cache", "open_count"]
 
 MAX_OPEN_PER_THREAD = 512
 """Open datasets one thread keeps (least recently used closed first): a task reads every date of every asset, so
@@ -42,6 +42,11 @@ def _cache() -> OrderedDict[Any, Any]:
     if cache is None:
         cache = _local.cache = OrderedDict()
     return cache
+
+
+def open_count() -> int:
+    """How many datasets this thread has open."""
+    return len(_cache())
 
 
 def clear_cache() -> None:
