@@ -319,7 +319,8 @@ def open_files_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
 
 
 def estimate_task_count(inputs: BudgetInputs, n_bands: int, reduce_method: str | None) -> int:
-    """Tasks in the graph: per chunk, stackstac's asset table and read, the fused kernel, and the writes.
+    """Tasks in the graph: per chunk, the read+kernel task and the per-band selections, and the writes (an upper
+    bound since the reader of ``rasterflow.read`` fuses what stackstac's graph split in two).
 
     A reduction over a chunked time axis adds a tree-reduction layer.
     """

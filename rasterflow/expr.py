@@ -109,6 +109,15 @@ class Expression:
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             return _Evaluator(_ARRAY_OPS, env, self.text).walk(self._tree.body)
 
+    @property
+    def is_bit_test(self) -> bool:
+        """True when the outermost operation is a bit operation (``&``, ``|``, ``<<``, ``>>``, ``~``), as in
+        ``(qa >> 3) & 1``: on integers its nonzero results mean true."""
+        body = self._tree.body
+        if isinstance(body, ast.BinOp):
+            return isinstance(body.op, (ast.BitAnd, ast.BitOr, ast.LShift, ast.RShift))
+        return isinstance(body, ast.UnaryOp) and isinstance(body.op, ast.Invert)
+
     def check_kinds(self, kinds: Mapping[str, str]) -> str:
         """Check the operations against the kinds of the inputs, before any pixel is read.
 

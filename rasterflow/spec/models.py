@@ -465,7 +465,7 @@ class Spec(_Model):
                 kind = mask.check_kinds({a: self.source.asset_kind(a) or "int" for a in mask.names})
             except ExpressionError as err:
                 raise _LocatedError(("mask",), str(err)) from None
-            if not mask.is_boolean and kind != "int":
+            if not mask.is_boolean and not (kind == "int" and mask.is_bit_test):
                 raise _LocatedError(
                     ("mask",), f"must be a true/false expression such as \"scl in (3, 8, 9, 10)\" or an integer bit "
                     f"test such as \"(qa >> 3) & 1\" (nonzero = drop) (got {self.mask!r})"
