@@ -199,19 +199,19 @@ def _check_nanquantile(values: np.ndarray, quantiles: list[float]) -> None:
             np.testing.assert_array_equal(result[index], expected[index].astype(values.dtype))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(values=_quantile_arrays(np.float64), quantiles=_quantile_lists)
 def test_nanquantile_time_property_float64(values, quantiles):
     _check_nanquantile(values, quantiles)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(values=_quantile_arrays(np.float32), quantiles=_quantile_lists)
 def test_nanquantile_time_property_float32(values, quantiles):
     _check_nanquantile(values, quantiles)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(values=_quantile_arrays(np.float64))
 def test_nanquantile_time_bounds_and_median(values):
     """q = 0 / 0.5 / 1 are nanmin / nanmedian / nanmax, and quantiles never decrease with q."""
