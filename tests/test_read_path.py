@@ -403,3 +403,38 @@ def test_reader_caches_open_files_per_thread(sample, tmp_path):
     read_planes(job, (0, 64), (64, 128))
     assert opened == datasets.open_count() == len(plan.items) * len(plan.sources.assets)
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+# --- the per-pixel mosaic, on the kernel itself ----------------------------------------------------------------
+
+
+def test_solar_day_mosaic_takes_every_asset_of_a_pixel_from_one_tile():
+    from rasterflow import kernels
+    from rasterflow.expr import parse_expression
+
+    # two overlapping tiles of one pass, 1 x 4 pixels; nodata 0
+    red = np.array([[[10, 0, 30, 0]], [[11, 21, 31, 0]]], dtype=np.uint16)
+    nir = np.array([[[50, 60, 0, 0]], [[51, 61, 71, 81]]], dtype=np.uint16)
+    scl = np.array([[[4, 4, 4, 8]], [[8, 4, 4, 4]]], dtype=np.uint8)
+    planes = kernels.Planes(raw=(red, nir, scl), covered=(None, None, None), nodata=np.zeros((2, 3)),
+                            scale=np.ones((2, 3)), offset=np.zeros((2, 3)))
+    program = kernels.Program(
+        assets=("red", "nir", "scl"), mask=parse_expression("scl == 8", ["scl"]), masked_assets=("red", "nir"),
+        bands=(("ratio", parse_expression("nir / red", ["red", "nir"])),), dtype="float32", steps=((0, 1),),
+    )
+    out = kernels.band_block(planes, program)[0, 0, 0]
+    # pixel 0: tile 0 valid -> 50/10; pixel 1: tile 0 lacks red -> both from tile 1: 61/21 (not 60/21);
+    # pixel 2: tile 0 lacks nir -> 71/31 (not 71/30); pixel 3: tile 0 cloudy and red nodata in tile 1 -> NaN
+    np.testing.assert_allclose(out[:3], np.array([50 / 10, 61 / 21, 71 / 31], dtype=np.float32), rtol=1e-6)
+    assert np.isnan(out[3])
+
+
+def test_integer_asset_without_nodata_keeps_coverage():
+    from rasterflow import kernels
+
+    raw = np.array([[[0, 7, 0]]], dtype=np.uint8)  # 0 is real data here: no nodata declared
+    covered = np.array([[[True, True, False]]])
+    planes = kernels.Planes(raw=(raw,), covered=(covered,), nodata=np.full((1, 1), np.nan),
+                            scale=np.ones((1, 1)), offset=np.zeros((1, 1)))
+    values = kernels.working_plane(planes, 0, 0, np.dtype("float32"))
+    assert values[0, 0] == 0 and values[0, 1] == 7 and np.isnan(values[0, 2])
