@@ -26,7 +26,7 @@ from typing import Any
 
 __all__ = [
     "AssetRead", "AssetSource", "SourceTable", "MissingAsset", "missing_assets", "resolve_sources",
-    "declared_metadata", "footprint_on_grid",
+    "declared_metadata", "footprint_on_grid", "grid_offset",
 ]
 
 _INTEGER_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64")
@@ -264,16 +264,20 @@ def footprint_on_grid(crs: str, transform: Sequence[float], shape: Sequence[int]
     return (row0, max(row0, row1), col0, max(col0, col1))
 
 
-def _is_direct(crs: str | None, transform: Sequence[float] | None, grid: Any) -> bool:
+def grid_offset(crs: str | None, transform: Sequence[float] | None, grid: Any) -> tuple[int, int] | None:
+    """``(row, col)`` of a file's first pixel on the output grid when its grid is the output grid (same CRS and
+    resolution, north-up, whole-pixel offset); None when it needs warping."""
     if crs is None or transform is None or crs.upper() != grid.crs.upper():
-        return False
+        return None
     a, b, c, d, e, f = (float(v) for v in transform[:6])
     res = grid.resolution
     if b != 0 or d != 0 or not math.isclose(a, res, rel_tol=1e-9) or not math.isclose(e, -res, rel_tol=1e-9):
-        return False
+        return None
     minx, _, _, maxy = grid.bounds
     col, row = (c - minx) / res, (maxy - f) / res
-    return abs(col - round(col)) < 1e-6 and abs(row - round(row)) < 1e-6
+    if abs(col - round(col)) > 1e-6 or abs(row - round(row)) > 1e-6:
+        return None
+    return int(round(row)), int(round(col))
 
 
 def _format_value(value: float | None) -> str:
@@ -354,7 +358,7 @@ def resolve_sources(items: Sequence[Mapping[str, Any]], assets: Mapping[str, str
                 item_id=str(item.get("id")), name=name, key=key, href=str(asset.get("href", "")),
                 data_type=data_type, nodata=nodata, scale=float(scale), offset=float(offset), crs=crs,
                 transform=transform, shape=shape, band_count=declared.get("band_count"), footprint=footprint,
-                direct=_is_direct(crs, transform, grid),
+                direct=grid_offset(crs, transform, grid) is not None,
             ))
             dtypes.add(data_type)
             nodatas.add(None if nodata is None or math.isnan(nodata) else nodata)

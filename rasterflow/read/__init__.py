@@ -18,7 +18,7 @@ import numpy as np
 from rasterflow.errors import SourceReadError
 from rasterflow.kernels import Planes
 from rasterflow.read.datasets import GDAL_OPEN_OPTIONS, open_source, reason, warped_source
-from rasterflow.sources import AssetRead, AssetSource
+from rasterflow.sources import AssetRead, AssetSource, grid_offset
 
 __all__ = ["ReadJob", "read_planes", "read_asset"]
 
@@ -107,18 +107,6 @@ def read_asset(read: AssetRead, grid: Any, resampling: str, fill: float | None, 
 
 
 def _direct_offset(dataset: Any, grid: Any) -> tuple[int, int] | None:
-    """``(row, col)`` of the file's first pixel on the output grid when its grid is the output grid's, else None."""
-    from rasterio.crs import CRS
-
-    transform = dataset.transform
-    res = grid.resolution
-    if transform.b != 0 or transform.d != 0 or not math.isclose(transform.a, res, rel_tol=1e-9) \
-            or not math.isclose(transform.e, -res, rel_tol=1e-9):
-        return None
-    if dataset.crs is None or dataset.crs != CRS.from_user_input(grid.crs):
-        return None
-    minx, _, _, maxy = grid.bounds
-    col, row = (transform.c - minx) / res, (maxy - transform.f) / res
-    if abs(col - round(col)) > 1e-6 or abs(row - round(row)) > 1e-6:
-        return None
-    return int(round(row)), int(round(col))
+    """Where the file's first pixel lies on the output grid, from the file itself (see :func:`grid_offset`)."""
+    crs = dataset.crs.to_string() if dataset.crs is not None else None
+    return grid_offset(crs, tuple(dataset.transform)[:6], grid)
