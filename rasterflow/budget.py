@@ -1,13 +1,25 @@
-"""The static memory model: will one task per thread, times the threads, fit in a worker? Pure arithmetic.
+"""The static memory model: what every task a worker runs at once holds, plus what the worker keeps. Pure arithmetic.
 
 DOMAIN.md: ``peak per worker ≈ chunk_bytes × live_arrays × threads_per_worker + GDAL block cache + interpreter``.
 
-rasterflow runs mask, band math and the reduction of one chunk fused in a single task (``kernels.py``), so a task's
-memory is counted in *planes*: one plane is one asset's chunk over the time axis, ``t × y × x`` in the working dtype.
-The task holds the loaded block (in the source dtype when the items allow it) and one output series per band; mask
-and band math run one date at a time, so the temporaries that ``expr.py``'s liveness count predicts are planes of a
-single date (1/t of a plane each). The reduction adds its own working copies. Each thread also keeps the source
-files it opened (GDAL datasets with a small file cache) for the whole job.
+The model follows the code path :mod:`rasterflow.graph` builds from the same resolved plan (issue 10):
+
+- **fused** (a reduction with time whole, or ``group_by: solar_day``): one task per spatial chunk reads every item
+  (``read.read_planes``: the raw block in each asset's load dtype, plus a boolean coverage plane for integer assets
+  without one nodata value), masks and evaluates the bands one date at a time into one output series per band
+  (``kernels._band_series``: as many dates as passes with solar_day) and reduces each series
+  (``kernels.reduce_block``), on a period's subset copy when there are periods.
+- **tree** (a streaming reduction with time chunked): one task per (time chunk, spatial chunk) evaluates the bands
+  into a ``(date, band, y, x)`` block (``kernels.band_block``), which stays in the worker until one reduction task
+  per band has turned it into partials (``graph._tree_reduce``: Dask's nan-reductions; std's streaming partials).
+- **series** (no reduction): the same band block, held until every date of it is written.
+
+A task's memory is counted in *planes*: one plane is one asset's chunk over the task's dates, ``t × y × x`` in the
+working dtype (the loaded block can be narrower: uint16 is half a float32 plane). A worker runs as many tasks at
+once as it has threads *and* tasks: a worker that gets one chunk holds one working set whatever its threads. Edge
+chunks are counted at their real size. GDAL's block cache holds at most what the worker decodes; each thread keeps
+the files it opened (a bounded LRU, ``read.datasets``). With COG output the client process assembles the files
+(finished blocks in flight plus its own GDAL cache): that is checked against the machine's memory.
 Nothing here imports Dask or touches the network: ``validate`` runs this in milliseconds.
 """
 
@@ -26,18 +38,29 @@ __all__ = [
     "PipelineShape",
     "BudgetInputs",
     "StageEstimate",
+    "TaskShape",
     "Fix",
     "BudgetReport",
     "pipeline_shape",
+    "code_path",
+    "task_shapes",
+    "stage_estimates",
     "estimate",
+    "static_estimate",
+    "solve_fixes",
+    "with_fixes",
+    "complete_patch",
+    "fix_text",
     "enforce",
     "REDUCTION_EXTRA_PLANES",
+    "TREE_CHUNK_EXTRA_PLANES",
     "WORKER_BASELINE_BYTES",
+    "CLIENT_BASELINE_BYTES",
     "DEFAULT_ASSUMED_ITEMS",
 ]
 
 # Working copies a reduction over time makes, in planes of its input (t × y × x, working dtype), on top of the planes
-# the task holds. Measured with benchmarks/budget_accuracy.py (the reduction table it prints first) on 2026-12-02:
+# the fused task holds. Measured with benchmarks/budget_accuracy.py (the reduction table it prints first) on 2026-12-02:
 # kernels.reduce_time on a 16 × 1024 × 1024 series with 30 % NaN, RSS high-water mark above the input, bottleneck
 # 1.6.1, NumPy 2.4:
 # - median, mean, std, min, max: 0.063 planes for float32 and float64, i.e. only the (y, x) result (1/t of a plane):
@@ -58,21 +81,82 @@ REDUCTION_EXTRA_PLANES: Mapping[str, float] = {
     "max": 0.1,
 }
 
-WORKER_BASELINE_BYTES = 180 * 10**6
-"""RSS of an idle Dask worker after importing what a task imports (NumPy, rasterio/GDAL, xarray, stackstac, zarr,
-bottleneck, rasterflow's kernels). Measured by benchmarks/budget_accuracy.py on 2026-12-02 (Python 3.11, dask
-2026.8, one-thread LocalCluster worker): 168-174 MB over seven runs; rounded up to 180 MB."""
+TREE_CHUNK_EXTRA_PLANES: Mapping[str, float] = {
+    "mean": 1.75,
+    "sum": 1.75,
+    "count": 0.5,
+    "min": 0.1,
+    "max": 0.1,
+    "std": 0.0,
+}
+"""Working copies of the per-band reduction task of the tree path, in planes of one band's time-chunk series, on top of
+the band block it reads (``graph._dask_reduce``): NumPy's nansum copies the series with NaN replaced by 0 and keeps the
+boolean mask (1 + 1/4 plane for float32), nanmean adds the valid count's two boolean planes; count is those two boolean
+planes; nanmin/nanmax reduce without a copy (``np.fmin.reduce``). std runs ``kernels.std_partials`` whose (y, x)
+temporaries are :data:`STD_PARTIAL_PLANES` one-date planes."""
+
+TREE_PARTIAL_PLANES: Mapping[str, Any] = {
+    # count, mean, M2 in the working dtype (kernels.std_partials), + 1 for the (1, 3, y, x) blocks' frames: measured
+    # 142 MB above the baseline, cache and files at 4 time chunks of 1024² float32 where 3 gives 113 MB
+    "std": lambda w: 4,
+    "mean": lambda w: 2,  # dask's nanmean: {"n", "total"} in the working dtype
+    "sum": lambda w: 1 + 1 / w,  # nansum and the boolean any() of the valid mask
+    "count": lambda w: 8 / w,  # an int64 sum of the valid mask
+    "min": lambda w: 1,
+    "max": lambda w: 1,
+}
+"""One band's partial result of one time chunk, in one-date ``(y, x)`` planes of the working dtype (itemsize ``w``)."""
+
+TREE_SPLIT_EVERY = 4
+"""Dask's default fan-in of a tree reduction (``split_every``): partials concatenated per combine."""
+
+STD_PARTIAL_PLANES = 8
+"""One-date ``(y, x)`` planes of ``kernels.std_partials``: count, mean, M2, delta, the update, the boolean mask and
+the time chunk's strided date view's temporaries (rounded up)."""
+
+WORKER_BASELINE_BYTES = 200 * 10**6
+"""RSS of a Dask worker running rasterflow's tasks, apart from their arrays, the GDAL cache and the open files. Idle
+after importing what a task imports (NumPy, rasterio/GDAL, xarray, zarr, bottleneck, rasterflow's kernels and reader)
+it is 158-160 MB (benchmarks/budget_accuracy.py, 2026-12-03); during a job the allocator's retained pages, the Zarr
+codecs and Dask's bookkeeping add ~20-40 MB: the one-thread rows of budget_accuracy.py leave 180-205 MB unexplained
+by the arrays. 200 MB."""
+
+CONCURRENT_RAMP = 0.6
+"""Share of a task's working set beyond its loaded block counted for each task that runs beside the largest one.
+The block is allocated when the read starts; the series and the temporaries fill during the task, so tasks on
+several threads do not peak at the same moment. With full peaks summed, the two-thread rows of budget_accuracy.py
+came out 1.07-1.32x their measured peak while the single-thread rows were 1.01-1.17x (2026-12-03); 0.6 brings the
+two-thread rows into the same range (1.05-1.23x)."""
+
+CLIENT_BASELINE_BYTES = 225 * 10**6
+"""RSS of the client process that runs a LocalCluster (the scheduler lives in it) and the writers, before it holds
+any block: 217-219 MB measured on Zarr runs by benchmarks/budget_accuracy.py on 2026-12-03 (a fresh process each)."""
+
+COG_WRITER_BYTES = 40 * 10**6
+"""What the COG writer adds to the client besides the blocks and its GDAL cache: the GTiff and COG drivers, the
+overview buffers, the received blocks' frames. Measured 55-104 MB above the Zarr client on four COG runs, of which
+the blocks in flight and the cache explain all but 30-45 MB (budget_accuracy.py, 2026-12-03)."""
+
+COG_INFLIGHT_PER_THREAD = 2
+"""``write.cog``: at most 2 × threads finished blocks are in flight to the client at once."""
 
 LOAD_COPIES = 1
 """Copies of the loaded block alive in a task: the read output itself; the kernel takes it without a copy."""
 
 OPEN_FILE_BYTES = 2 * 10**6
 """Memory each open source file keeps per worker thread for the whole job: a GDAL dataset with its header and a
-1 MB file cache (graph.VSI_CACHE_SIZE). Measured with benchmarks/budget_accuracy.py on 2026-12-02: ~2 MB per
-file and thread (4.5 MB with GDAL's default 25 MB cache)."""
+1 MB file cache (read.datasets.VSI_CACHE_SIZE). Measured with benchmarks/budget_accuracy.py on 2026-12-02: ~2 MB per
+file and thread."""
+
+MAX_OPEN_PER_THREAD = 512
+"""``read.datasets.MAX_OPEN_PER_THREAD`` (not imported: that module imports rasterio lazily but lives with the
+reader): a thread keeps at most this many datasets open."""
 
 DEFAULT_ASSUMED_ITEMS = 100
 """Time-axis length assumed by the static check when ``max_items`` is not set (a warning says so)."""
+
+NARROWEST_LOAD = "uint8"
+"""The narrowest dtype an asset can load in: ``validate`` refuses only what is over budget even then."""
 
 MIN_CHUNK_BYTES = 16 * 10**6
 MIN_TASKS_FOR_LARGE_JOB = 1_000
@@ -81,6 +165,8 @@ LARGE_JOB_BYTES = 10 * 10**9
 SMALL_JOB_BYTES = 10**9
 """Below this much input, small chunks cost little; the small-chunk warning would only be noise."""
 ORDER_STATISTICS = ("median", "quantile")
+CACHE_CANDIDATES = (64 * 10**6, 32 * 10**6, 16 * 10**6)
+"""``gdal_cachemax`` values the fix solver tries (GDAL's cache cannot help a job that reads every block once)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +184,7 @@ class PipelineShape:
     has_period: bool = False
     mosaics_passes: bool = False
     """``source.group_by: solar_day``: a second item's assets are alive while a pass is mosaicked."""
+    output_format: str = "zarr"
 
 
 def pipeline_shape(spec: Any) -> PipelineShape:
@@ -120,6 +207,7 @@ def pipeline_shape(spec: Any) -> PipelineShape:
         n_quantiles=len(spec.reduce.quantiles) if spec.reduce else 0,
         has_period=bool(spec.reduce and spec.reduce.period),
         mosaics_passes=spec.source.group_by == "solar_day",
+        output_format=getattr(spec.output, "resolved_format", "zarr"),
     )
 
 
@@ -130,6 +218,7 @@ class BudgetInputs:
     grid_shape: tuple[int, int]
     """(height, width) of the output grid in pixels."""
     n_time: int
+    """Items on the time axis (every item a task reads)."""
     time_source: str
     """Where n_time came from: "max_items", "assumed" or "search"."""
     chunk_time: int
@@ -146,8 +235,25 @@ class BudgetInputs:
     source_tile: tuple[int, int] | None = None
     """Internal tile (block) shape of the source COGs, when known (``plan`` reads one file's header)."""
     load_dtype: str | None = None
-    """dtype the block is loaded in (the source integers, e.g. uint16) when known from the items; None = working
-    dtype (the static check assumes floats: it cannot know the items)."""
+    """dtype every asset is loaded in when ``asset_dtypes`` is not given; None = the working dtype (the static
+    check's assumption: it cannot know the items)."""
+    asset_dtypes: tuple[str, ...] = ()
+    """Per loaded asset, the dtype ``read.read_planes`` loads it in (from the items); empty = ``load_dtype``."""
+    coverage_assets: int = 0
+    """Loaded integer assets without one nodata value: each also gets a boolean coverage plane per item."""
+    n_dates: int | None = None
+    """Output dates (passes with ``group_by: solar_day``); None = one per item."""
+    group_dates: int | None = None
+    """Dates in the largest period (``reduce.period``); None = every date."""
+    machine_memory: int | None = None
+    """RAM of the machine this process (the client) runs on; None = not checked."""
+    workers_local: bool = True
+    """The workers run on this machine (a LocalCluster): their limits come out of the same RAM as the client."""
+    load_assumed: bool = False
+    """True for the static check: the load dtype is an assumption (the items are not read)."""
+    files_per_chunk: int | None = None
+    """Most source files (item × asset) whose footprint meets one spatial chunk; None = every file (the reader opens
+    only the files that cover the chunk: with tiles side by side, a chunk meets one tile's items)."""
 
     @property
     def time_per_chunk(self) -> int:
@@ -161,7 +267,7 @@ class BudgetInputs:
 
     @property
     def plane_bytes(self) -> int:
-        """One asset's chunk over its time slice in the working dtype: the model's unit."""
+        """One asset's full chunk over its time slice in the working dtype: the model's unit."""
         cy, cx = self.chunk_yx
         return self.time_per_chunk * cy * cx * dtype_itemsize(self.dtype)
 
@@ -174,10 +280,39 @@ class BudgetInputs:
     def n_time_chunks(self) -> int:
         return math.ceil(self.n_time / self.time_per_chunk)
 
+    @property
+    def dates(self) -> int:
+        return self.n_dates if self.n_dates is not None else self.n_time
+
+    def load_itemsizes(self, n_loaded: int) -> tuple[int, ...]:
+        if self.asset_dtypes:
+            return tuple(dtype_itemsize(d) for d in self.asset_dtypes)
+        return (dtype_itemsize(self.load_dtype or self.dtype),) * n_loaded
+
+    def load_words(self, n_loaded: int) -> str:
+        if self.asset_dtypes:
+            return ", ".join(self.asset_dtypes)
+        return self.load_dtype or self.dtype
+
+
+@dataclass(frozen=True)
+class TaskShape:
+    """One kind of root task: its window and how many items and output dates it holds; ``count`` of them."""
+
+    rows: int
+    cols: int
+    items: int
+    dates: int
+    count: int
+
+    @property
+    def pixels(self) -> int:
+        return self.rows * self.cols
+
 
 @dataclass(frozen=True)
 class StageEstimate:
-    """Peak memory of one task while a stage runs."""
+    """Peak memory of one (the largest) task while a stage runs."""
 
     stage: str
     planes: float
@@ -197,7 +332,7 @@ class Fix:
 
 @dataclass(frozen=True)
 class BudgetReport:
-    """The verdict of the static check."""
+    """The verdict of the check."""
 
     inputs: BudgetInputs
     stages: tuple[StageEstimate, ...]
@@ -211,6 +346,20 @@ class BudgetReport:
     open_files_bytes: int = 0
     """Per thread: the source files it keeps open for the job."""
     fixes: tuple[Fix, ...] = field(default=())
+    path: str = "fused"
+    """The code path the graph runs: "fused", "tree" or "series"."""
+    concurrent_tasks: int = 1
+    """Tasks one worker runs at once: its threads, capped by the tasks it gets."""
+    tasks_bytes: int = 0
+    """The working sets of the ``concurrent_tasks`` largest tasks, summed (what the threads hold at once)."""
+    gdal_cache_bytes: int = 0
+    """GDAL's block cache as it fills: ``gdal_cachemax`` capped by the bytes a worker decodes."""
+    client_peak: int = 0
+    """The client process: baseline, finished blocks in flight and its GDAL cache (COG output)."""
+    assumptions: tuple[str, ...] = ()
+    """What the static check assumed (load dtype, time length), for the verdict line."""
+    held_bytes: int = 0
+    """Included in ``tasks_bytes``: blocks and partials a worker holds between tasks (tree and series paths)."""
 
     @property
     def ok(self) -> bool:
@@ -222,12 +371,15 @@ class BudgetReport:
 
     @property
     def formula(self) -> str:
-        inputs = self.inputs
+        n = self.concurrent_tasks
+        threads = self.inputs.threads_per_worker
+        capped = "" if n == threads else f" (of {threads} threads: the worker gets {n} task{'s' if n != 1 else ''})"
         return (
-            f"({format_bytes(self.peak_task_bytes)} per task ({self.worst_stage.stage}) + "
-            f"{format_bytes(self.open_files_bytes)} open files) × {inputs.threads_per_worker} "
-            f"thread{'s' if inputs.threads_per_worker != 1 else ''} + {format_bytes(inputs.gdal_cachemax)} GDAL cache + "
-            f"{format_bytes(WORKER_BASELINE_BYTES)} baseline = {format_bytes(self.peak_per_worker)}"
+            f"{format_bytes(self.tasks_bytes)} for {n} task{'s' if n != 1 else ''} at once{capped} "
+            f"(largest {format_bytes(self.peak_task_bytes)}, {self.worst_stage.stage}"
+            + (f"; {format_bytes(self.held_bytes)} held between tasks" if self.held_bytes else "") + ") + "
+            f"{format_bytes(self.open_files_bytes)} open files × {n} + {format_bytes(self.gdal_cache_bytes)} GDAL cache"
+            f" + {format_bytes(WORKER_BASELINE_BYTES)} baseline = {format_bytes(self.peak_per_worker)}"
         )
 
     @property
@@ -274,88 +426,308 @@ class BudgetReport:
                  "fraction_of_limit": round(f.fraction, 4)}
                 for f in self.fixes
             ],
+            "path": self.path,
+            "concurrent_tasks": self.concurrent_tasks,
+            "tasks_bytes": self.tasks_bytes,
+            "gdal_cache_bytes": self.gdal_cache_bytes,
+            "client_peak": self.client_peak,
+            "assumptions": list(self.assumptions),
+            "held_bytes": self.held_bytes,
         }
 
 
-def stage_estimates(shape: PipelineShape, inputs: BudgetInputs) -> tuple[StageEstimate, ...]:
-    """Per-stage peak of one task, following :mod:`rasterflow.kernels` (planes: ``t × y × x`` working dtype)."""
-    plane = inputs.plane_bytes
-    load_size = dtype_itemsize(inputs.load_dtype or inputs.dtype) / dtype_itemsize(inputs.dtype)
+# --------------------------------------------------------------------------------------------------------------------
+# the code path and its tasks
+
+
+def code_path(shape: PipelineShape, inputs: BudgetInputs) -> str:
+    """What ``graph.build_dataset`` runs: "fused", "tree" or "series" (see the module docstring)."""
+    if shape.reduce_method is None:
+        return "series"
+    if shape.mosaics_passes or inputs.time_per_chunk >= inputs.n_time:
+        return "fused"
+    return "tree"
+
+
+def _sizes(total: int, chunk: int) -> list[tuple[int, int]]:
+    """(size, how many) of the chunks along an axis of ``total`` cut every ``chunk``."""
+    full, rest = divmod(total, chunk)
+    out = [(chunk, full)] if full else []
+    if rest:
+        out.append((rest, 1))
+    return out
+
+
+def task_shapes(shape: PipelineShape, inputs: BudgetInputs) -> tuple[TaskShape, ...]:
+    """The root tasks of the graph by shape, largest first (edge chunks at their real size).
+
+    With solar_day, or a reduction with time whole, a task reads every item (``graph._task_array``); otherwise one
+    task per time chunk, whose dates are its items.
+    """
+    cy, cx = inputs.chunk_yx
+    height, width = inputs.grid_shape
+    if shape.mosaics_passes or (shape.reduce_method and code_path(shape, inputs) == "fused"):
+        times = [(inputs.n_time, inputs.dates, 1)]
+    else:
+        times = [(size, size, n) for size, n in _sizes(inputs.n_time, inputs.time_per_chunk)]
+    out = [TaskShape(rows, cols, items, dates, ny * nx * nt)
+           for rows, ny in _sizes(height, cy) for cols, nx in _sizes(width, cx) for items, dates, nt in times]
+    return tuple(sorted(out, key=lambda t: (t.pixels * t.items, t.pixels), reverse=True))
+
+
+def _task_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape) -> list[tuple[str, int, str]]:
+    """(stage, bytes, detail) of one task of ``task``'s shape, following :mod:`rasterflow.kernels`."""
+    w = dtype_itemsize(inputs.dtype)
     n_loaded, n_bands = len(shape.assets_loaded), len(shape.bands)
-    stages = []
-
-    def add(stage: str, planes: float, detail: str) -> None:
-        stages.append(StageEstimate(stage, round(planes, 3), int(planes * plane), detail))
-
-    block = LOAD_COPIES * n_loaded * load_size
-    add("load", block, f"{n_loaded} asset(s) loaded as {inputs.load_dtype or inputs.dtype}")
-    held = block + n_bands  # the block and one output series per band, for the whole task
-    per_date = 1 / inputs.time_per_chunk
-    mosaic = n_loaded if shape.mosaics_passes else 0  # the next tile's planes while they fill the mosaic
+    one = task.pixels * w  # one date of one band in the working dtype
+    series = task.dates * one  # one band's output series
+    load_px = sum(inputs.load_itemsizes(n_loaded)) + inputs.coverage_assets  # bytes per item and pixel
+    block = LOAD_COPIES * task.items * task.pixels * load_px
+    held = block + n_bands * series
+    stages: list[tuple[str, int, str]] = []
+    cover = f" + {inputs.coverage_assets} coverage plane(s)" if inputs.coverage_assets else ""
+    stages.append(("load", block, f"{n_loaded} asset(s) × {task.items} items loaded as "
+                                  f"{inputs.load_words(n_loaded)}{cover}"))
+    mosaic = n_loaded + 0.5 if shape.mosaics_passes else 0  # the next tile's planes and the filled/take masks
+    base = f"block + {n_bands} band series of {task.dates} dates"
     if shape.mask is not None:
         temps = n_loaded + mosaic + shape.mask.live_arrays - len(shape.mask.names)
-        add("mask", held + temps * per_date,
-            f"block + {n_bands} band series + {temps} one-date planes (assets in working dtype, mask temporaries)")
+        stages.append(("mask", int(held + temps * one), f"{base} + {temps:g} one-date planes (mask temporaries)"))
     for index, (name, expr) in enumerate(shape.bands):
         temps = n_loaded + mosaic + index + expr.live_arrays - len(expr.names)
-        add(f"band {name}", held + temps * per_date,
-            f"block + {n_bands} band series + {temps} one-date planes (assets, earlier bands, {expr.live_arrays} live)")
-    if shape.reduce_method and inputs.time_per_chunk == inputs.n_time:
-        extra = REDUCTION_EXTRA_PLANES[shape.reduce_method] + (1 if shape.has_period else 0)
-        add(f"reduce {shape.reduce_method}", held + extra,
-            f"block + {n_bands} band series + {extra:g} working copies" + (" (period subset)" if shape.has_period else ""))
+        stages.append((f"band {name}", int(held + temps * one),
+                       f"{base} + {temps:g} one-date planes (assets, earlier bands, {expr.live_arrays} live)"))
+    path = code_path(shape, inputs)
+    if path == "fused":
+        method = shape.reduce_method or ""
+        group = min(inputs.group_dates or task.dates, task.dates) * one
+        extra = REDUCTION_EXTRA_PLANES[method] * group + (group if shape.has_period else 0)
+        n_groups = math.ceil(task.dates / max(1, inputs.group_dates or task.dates)) if shape.has_period else 1
+        out = n_groups * max(1, shape.n_quantiles) * n_bands * one
+        stages.append((f"reduce {method}", int(held + extra + out),
+                       f"{base} + {REDUCTION_EXTRA_PLANES[method]:g} working copies"
+                       + (" of a period's subset + the subset" if shape.has_period else "")
+                       + f" + the {n_groups}×{max(1, shape.n_quantiles)}×{n_bands} result"))
+        return stages
+    # tree and series: band_block copies the series into one (date, band, y, x) block, one band at a time
+    stages.append(("bands out", int(held + series), f"{base} + the first band of the (date, band) block"))
+    block_out = n_bands * series
+    if path == "tree":
+        method = shape.reduce_method or ""
+        partial = _tree_partial(shape, inputs, task)
+        subset = series if shape.has_period else 0  # the period's dates are taken (copied) from the block
+        copies = TREE_CHUNK_EXTRA_PLANES.get(method, REDUCTION_EXTRA_PLANES.get(method, 1.0))
+        extra = copies * series + (STD_PARTIAL_PLANES * one if method == "std" else 0)
+        stages.append((f"reduce {method} (tree)", int(block_out + subset + extra + partial),
+                       f"the {n_bands}-band block + {copies:g} working copies of a band"
+                       + (" + the period's subset" if shape.has_period else "") + " + its partial"))
+        fan_in = min(inputs.n_time_chunks, TREE_SPLIT_EVERY)
+        stages.append((f"combine {method} (tree)", int(fan_in * partial + 2 * one),
+                       f"{fan_in} partials concatenated + the result"))
     else:
-        # kernels.band_block: the series are copied into one (t, band, y, x) output; a chunked-time reduction then
-        # runs on that output with NumPy's nan-functions (a copy plus a mask).
-        extra = n_bands + (1.25 if shape.reduce_method else 0)
-        add("bands out" if not shape.reduce_method else f"reduce {shape.reduce_method} (tree)", held + extra,
-            f"block + {n_bands} band series + {extra:g} planes of output and working copies")
-    return tuple(stages)
+        stages.append(("write dates", int(block_out + 2 * one),
+                       f"the {n_bands}-band block while its dates are encoded and written"))
+    return stages
+
+
+def _tree_partial(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape) -> float:
+    """One band's partial of one time chunk (median/quantile are refused here: counted as a copy of the series)."""
+    w = dtype_itemsize(inputs.dtype)
+    one = task.pixels * w
+    method = shape.reduce_method or ""
+    return TREE_PARTIAL_PLANES[method](w) * one if method in TREE_PARTIAL_PLANES else task.dates * one
+
+
+def held_between_tasks(shape: PipelineShape, inputs: BudgetInputs) -> int:
+    """What a worker holds besides its running tasks (measured, budget_accuracy.py): on the tree and series paths a
+    finished ``(date, band)`` block still being reduced or written while the next task runs (one thread), and on the
+    tree path the partials of a spatial chunk waiting for its last time chunk (every time chunk, every band); on the
+    fused path the copy that splits a result with periods or quantiles into its chunks."""
+    path = code_path(shape, inputs)
+    task = task_shapes(shape, inputs)[0]
+    one = task.pixels * dtype_itemsize(inputs.dtype)
+    n_groups = _n_groups(shape, inputs)
+    if path == "fused":
+        # a result with periods or quantiles is split into one chunk per entry by a copy (graph._reduced_dims)
+        entries = n_groups * max(1, shape.n_quantiles)
+        return entries * len(shape.bands) * one if entries > 1 else 0
+    # with one thread the finished block waits while the next task runs; with more, its reduction or writes run on
+    # another thread, which the concurrent tasks' own stages ("reduce ... (tree)", "write dates") already count
+    held = len(shape.bands) * task.dates * one if concurrent_tasks(shape, inputs) == 1 else 0
+    if path == "tree":
+        # the partials of every time chunk; with periods each period is its own reduction, with a partial per time
+        # chunk it touches, and its dates are taken (copied) out of the block
+        partials = inputs.n_time_chunks
+        if shape.has_period:
+            group = min(inputs.group_dates or task.dates, inputs.n_time)
+            partials = n_groups * min(inputs.n_time_chunks, math.ceil(group / inputs.time_per_chunk) + 1)
+            held += len(shape.bands) * min(group, task.dates) * one
+        held += int(partials * len(shape.bands) * _tree_partial(shape, inputs, task))
+    return held
+
+
+def _n_groups(shape: PipelineShape, inputs: BudgetInputs) -> int:
+    """Periods in the result (1 without ``reduce.period``). Without the dates (the static check) one period of every
+    date: the period's subset is then counted at its largest, the small per-period results at one."""
+    if not shape.has_period:
+        return 1
+    return math.ceil(inputs.dates / max(1, inputs.group_dates or inputs.dates))
+
+
+def stage_estimates(shape: PipelineShape, inputs: BudgetInputs) -> tuple[StageEstimate, ...]:
+    """Per-stage peak of the largest task (planes: ``t × y × x`` of the full chunk in the working dtype)."""
+    largest = task_shapes(shape, inputs)[0]
+    unit = max(1, inputs.plane_bytes)
+    return tuple(StageEstimate(stage, round(nbytes / unit, 3), nbytes, detail)
+                 for stage, nbytes, detail in _task_stages(shape, inputs, largest))
+
+
+def concurrent_tasks(shape: PipelineShape, inputs: BudgetInputs) -> int:
+    """Tasks a worker runs at once: its threads, but never more than the root tasks it gets (n_tasks / n_workers)."""
+    n_tasks = sum(t.count for t in task_shapes(shape, inputs))
+    return max(1, min(inputs.threads_per_worker, math.ceil(n_tasks / max(1, inputs.n_workers))))
+
+
+def _largest(shape: PipelineShape, inputs: BudgetInputs, n: int) -> list[TaskShape]:
+    """The ``n`` largest root tasks (one entry per task)."""
+    out: list[TaskShape] = []
+    for task in task_shapes(shape, inputs):
+        out.extend([task] * min(task.count, n - len(out)))
+        if len(out) >= n:
+            break
+    return out
+
+
+def _task_peak(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape) -> int:
+    return max(nbytes for _, nbytes, _ in _task_stages(shape, inputs, task))
+
+
+def _concurrent_bytes(shape: PipelineShape, inputs: BudgetInputs, tasks: list[TaskShape]) -> int:
+    """The working sets of tasks running at once: the largest at its peak, each other one with its block and
+    :data:`CONCURRENT_RAMP` of the rest (a task's series fill date by date, so concurrent peaks do not coincide)."""
+    total = 0
+    for index, task in enumerate(tasks):
+        stages = _task_stages(shape, inputs, task)
+        peak = max(nbytes for _, nbytes, _ in stages)
+        if index == 0:
+            total += peak
+        else:
+            block = stages[0][1]
+            total += int(block + CONCURRENT_RAMP * (peak - block))
+    return total
 
 
 def open_files_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
-    """Source files one thread keeps open: every date and loaded asset it reads, :data:`OPEN_FILE_BYTES` each."""
-    return inputs.n_time * len(shape.assets_loaded) * OPEN_FILE_BYTES
+    """Source files one thread keeps open, :data:`OPEN_FILE_BYTES` each: those of the spatial chunks it reads (all
+    the files, or ``files_per_chunk`` per chunk), at most the reader's LRU bound."""
+    files = inputs.n_time * len(shape.assets_loaded)
+    if inputs.files_per_chunk is not None:
+        threads = max(1, inputs.n_workers * concurrent_tasks(shape, inputs))
+        chunks_per_thread = math.ceil(inputs.n_spatial_chunks / threads)
+        files = min(files, chunks_per_thread * inputs.files_per_chunk)
+    return min(MAX_OPEN_PER_THREAD, files) * OPEN_FILE_BYTES
 
 
-def estimate_task_count(inputs: BudgetInputs, n_bands: int, reduce_method: str | None) -> int:
-    """Tasks in the graph: per chunk, the read+kernel task and the per-band selections, and the writes (an upper
-    bound since the reader of ``rasterflow.read`` fuses what stackstac's graph split in two).
+def gdal_cache_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
+    """GDAL's block cache in one worker: ``gdal_cachemax``, but never more than the source blocks it decodes (its
+    share of the tasks, each window rounded out to whole source tiles)."""
+    n_tasks = sum(t.count for t in task_shapes(shape, inputs))
+    share = math.ceil(n_tasks / max(1, inputs.n_workers))
+    file_px = sum(inputs.load_itemsizes(len(shape.assets_loaded)))
+    decoded = 0
+    for task in _largest(shape, inputs, share):
+        rows, cols = task.rows, task.cols
+        if inputs.source_tile:
+            tile_y, tile_x = inputs.source_tile
+            rows, cols = math.ceil(rows / tile_y) * tile_y, math.ceil(cols / tile_x) * tile_x
+        decoded += task.items * rows * cols * file_px
+        if decoded >= inputs.gdal_cachemax:
+            return inputs.gdal_cachemax
+    return min(inputs.gdal_cachemax, decoded)
 
-    A reduction over a chunked time axis adds a tree-reduction layer.
-    """
+
+def client_peak_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
+    """The client process: its baseline; with COG output also the finished blocks in flight (``write.cog``: 2 per
+    thread of the cluster, each all bands of one chunk) and its GDAL cache while it writes and builds overviews,
+    capped by the output's size."""
+    if shape.output_format != "cog":
+        return CLIENT_BASELINE_BYTES
+    w = dtype_itemsize(inputs.dtype)
+    cy, cx = inputs.chunk_yx
+    n_bands = len(shape.bands)
+    n_files = 1
+    if shape.reduce_method:
+        n_files = max(1, shape.n_quantiles if shape.reduce_method == "quantile" else 1)
+        if shape.has_period:
+            n_files *= math.ceil(inputs.dates / max(1, inputs.group_dates or inputs.dates))
+    else:
+        n_files = inputs.dates
+    units = n_files * inputs.n_spatial_chunks
+    inflight = min(units, max(2, COG_INFLIGHT_PER_THREAD * inputs.n_workers * inputs.threads_per_worker))
+    output = n_files * n_bands * inputs.grid_shape[0] * inputs.grid_shape[1] * w
+    return (CLIENT_BASELINE_BYTES + COG_WRITER_BYTES + inflight * n_bands * cy * cx * w
+            + min(inputs.gdal_cachemax, output))
+
+
+def estimate_task_count(inputs: BudgetInputs, n_bands: int, reduce_method: str | None,
+                        shape: PipelineShape | None = None) -> int:
+    """Tasks in the graph ``graph.build_dataset`` builds and the writer runs, per spatial chunk: the fused path has
+    the read+kernel task, a selection and a write per band; the tree path one band-block task per time chunk, a
+    selection and a partial per band and time chunk, their combination and a write per band; the series path one
+    band-block task per time chunk and a selection and a write per band and date."""
+    if shape is None:
+        shape = PipelineShape((), None, (), (("x", None),) * n_bands, reduce_method, 0)  # type: ignore[arg-type]
     spatial, time_chunks = inputs.n_spatial_chunks, inputs.n_time_chunks
-    per_chunk = 3 * time_chunks + (time_chunks if reduce_method and time_chunks > 1 else 0)
-    writes = n_bands * (1 if reduce_method else time_chunks)
-    return spatial * (per_chunk + writes) + 10
+    path = code_path(shape, inputs)
+    if path == "fused":
+        per_chunk = 1 + 2 * n_bands
+    elif path == "tree":
+        per_chunk = time_chunks * (1 + 2 * n_bands) + n_bands * (time_chunks + 1)
+    else:
+        per_chunk = (1 if shape.mosaics_passes else time_chunks) + 2 * n_bands * inputs.dates
+    return spatial * per_chunk + 10
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the verdict
 
 
 def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "error") -> BudgetReport:
-    """Estimate the peak per worker and decide. Fixes are solved for separately (:func:`solve_fixes`)."""
+    """Estimate the peak per worker (and of the client) and decide. Fixes are solved separately (:func:`solve_fixes`)."""
     stages = stage_estimates(shape, inputs)
     peak_task = max(s.bytes_per_task for s in stages)
+    n = concurrent_tasks(shape, inputs)
+    tasks_bytes = _concurrent_bytes(shape, inputs, _largest(shape, inputs, n))
+    held = held_between_tasks(shape, inputs)
+    tasks_bytes += held
     files = open_files_bytes(shape, inputs)
-    peak_worker = (peak_task + files) * inputs.threads_per_worker + inputs.gdal_cachemax + WORKER_BASELINE_BYTES
+    cache = gdal_cache_bytes(shape, inputs)
+    peak_worker = tasks_bytes + files * n + cache + WORKER_BASELINE_BYTES
+    client = client_peak_bytes(shape, inputs)
     allowed = int(inputs.max_fraction * inputs.memory_limit)
-    refusals, warnings = [], []
+    refusals: list[str] = []
+    warnings: list[str] = []
     if peak_worker > allowed:
         worst = max(stages, key=lambda s: s.bytes_per_task)
         text = (
             f"over budget: the {worst.stage} stage holds {worst.planes:g} planes of "
             f"{_plane_words(inputs)} = {format_bytes(worst.bytes_per_task)} per task; "
-            f"({format_bytes(peak_task)} + {format_bytes(files)} open files) × {inputs.threads_per_worker} thread(s) + "
-            f"{format_bytes(inputs.gdal_cachemax)} GDAL cache + {format_bytes(WORKER_BASELINE_BYTES)} baseline = "
+            f"{format_bytes(tasks_bytes)} for {n} task(s) at once + {format_bytes(files)} open files × {n} + "
+            f"{format_bytes(cache)} GDAL cache + {format_bytes(WORKER_BASELINE_BYTES)} baseline = "
             f"{format_bytes(peak_worker)} per worker, more than {inputs.max_fraction:g} × "
             f"{format_bytes(inputs.memory_limit)} limit = {format_bytes(allowed)}"
         )
         (warnings if on_exceed == "warn" else refusals).append(text)
-    if shape.reduce_method in ORDER_STATISTICS and inputs.time_per_chunk < inputs.n_time:
+    client_text = _client_check(shape, inputs, client)
+    if client_text:
+        (warnings if on_exceed == "warn" else refusals).append(client_text)
+    if shape.reduce_method in ORDER_STATISTICS and code_path(shape, inputs) == "tree":
         refusals.append(
             f"chunks.time={inputs.chunk_time} splits time into {inputs.n_time_chunks} chunks, but a {shape.reduce_method} "
             f"over time needs every date of a pixel in one task: Dask would shuffle the chunks between workers and "
             f"hold them while they move; set chunks.time: -1"
         )
-    tasks = estimate_task_count(inputs, len(shape.bands), shape.reduce_method)
+    tasks = estimate_task_count(inputs, len(shape.bands), shape.reduce_method, shape)
     total_bytes = inputs.plane_bytes * inputs.n_spatial_chunks * inputs.n_time_chunks * max(1, len(shape.assets_loaded))
     if tasks > MAX_TASKS:
         refusals.append(
@@ -396,7 +768,71 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
         refusals=tuple(refusals),
         warnings=tuple(warnings),
         open_files_bytes=files,
+        path=code_path(shape, inputs),
+        concurrent_tasks=n,
+        tasks_bytes=tasks_bytes,
+        gdal_cache_bytes=cache,
+        client_peak=client,
+        assumptions=_assumptions(inputs),
+        held_bytes=held,
     )
+
+
+def _client_check(shape: PipelineShape, inputs: BudgetInputs, client: int) -> str | None:
+    """The client's peak against what the machine has left after the local workers' limits."""
+    if inputs.machine_memory is None or shape.output_format != "cog":
+        return None
+    workers = inputs.n_workers * inputs.memory_limit if inputs.workers_local else 0
+    left = inputs.machine_memory - workers
+    if client <= left:
+        return None
+    return (
+        f"the COG writer in this process needs ~{format_bytes(client)} ({format_bytes(CLIENT_BASELINE_BYTES)} baseline "
+        f"+ finished blocks in flight + {format_bytes(min(inputs.gdal_cachemax, client))} GDAL cache at most), but the "
+        f"machine's {format_bytes(inputs.machine_memory)} leave only {format_bytes(max(0, left))} after "
+        f"{inputs.n_workers} worker(s) × {format_bytes(inputs.memory_limit)}; lower cluster.gdal_cachemax or "
+        f"cluster.memory_limit, or write Zarr"
+    )
+
+
+def _assumptions(inputs: BudgetInputs) -> tuple[str, ...]:
+    out = []
+    if inputs.load_assumed:
+        out.append(f"assets loaded as {inputs.load_dtype or inputs.dtype} (the items' data types are not read)")
+    if inputs.time_source == "max_items":
+        out.append(f"{inputs.n_time} items on the time axis, from source.stac.max_items")
+    elif inputs.time_source == "assumed":
+        out.append(f"{inputs.n_time} items on the time axis (assumed: source.stac.max_items is not set)")
+    return tuple(out)
+
+
+def static_estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "error") -> BudgetReport:
+    """The check ``validate`` runs, which cannot read the items: the estimate with loads in the working dtype (the
+    widest an asset can load in), and the refusal only when the job is over budget even with the narrowest loads
+    (:data:`NARROWEST_LOAD`), so ``validate`` never refuses what ``plan`` accepts; in between it warns and says
+    that ``plan`` decides."""
+    inputs = dataclasses.replace(inputs, load_assumed=True)
+    report = estimate(shape, inputs, on_exceed=on_exceed)
+    over = [r for r in report.refusals if r.startswith("over budget")]
+    if not over:
+        return report
+    narrow = estimate(shape, dataclasses.replace(inputs, load_dtype=NARROWEST_LOAD, asset_dtypes=()), on_exceed=on_exceed)
+    if any(r.startswith("over budget") for r in narrow.refusals):
+        return report
+    note = (f"over budget if the assets load as {inputs.load_dtype or inputs.dtype} "
+            f"({format_bytes(report.peak_per_worker)} per worker, {report.fraction_of_limit:.0%} of the limit); "
+            f"within it if they load as {NARROWEST_LOAD} ({format_bytes(narrow.peak_per_worker)}): `rasterflow plan` "
+            f"reads the items' data types and decides")
+    return dataclasses.replace(report, refusals=tuple(r for r in report.refusals if r not in over),
+                               warnings=(note,) + report.warnings)
+
+
+def verdict_line(report: BudgetReport) -> str:
+    """``validate``'s words after "ok": the peak and what it assumed."""
+    text = f"peak per worker {report.summary}"
+    if report.assumptions:
+        text += "; assumes " + " and ".join(report.assumptions)
+    return text
 
 
 def _tile_misalignment(inputs: BudgetInputs) -> str | None:
@@ -424,23 +860,30 @@ def _plane_words(inputs: BudgetInputs) -> str:
 
 
 def _chunk_for_tasks(inputs: BudgetInputs, shape: PipelineShape, target: int) -> str:
-    per_spatial = max(1, estimate_task_count(inputs, len(shape.bands), shape.reduce_method) - 10) / inputs.n_spatial_chunks
+    per_spatial = max(1, estimate_task_count(inputs, len(shape.bands), shape.reduce_method, shape) - 10) \
+        / inputs.n_spatial_chunks
     pixels = inputs.grid_shape[0] * inputs.grid_shape[1]
     side = int(math.sqrt(pixels * per_spatial / target))
     side = max(256, (side // 256) * 256)
     return f"chunks.y = chunks.x = {side}"
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# fixes
+
+
 def solve_fixes(shape: PipelineShape, inputs: BudgetInputs) -> tuple[Fix, ...]:
     """Solve for changes that make a refused job pass, and verify each one by estimating again.
 
-    Candidates: time whole (for order statistics), the largest square spatial chunk that fits (a multiple of 256
-    when possible, to stay aligned with COG tiles), fewer threads per worker, float32.
+    Candidates: time whole (for order statistics), the largest square spatial chunk that fits (a multiple of the
+    source COG tiles when known, else of 256), a smaller GDAL cache, fewer threads per worker (with the checked
+    worker count and limit pinned), float32, and a lower ``max_items``. Patches name only what changes; print them
+    with :func:`fix_text`, which merges the spec's own values in.
     """
     fixes: list[Fix] = []
     base = inputs
     base_patch: dict = {}
-    if shape.reduce_method in ORDER_STATISTICS and inputs.time_per_chunk < inputs.n_time:
+    if shape.reduce_method in ORDER_STATISTICS and code_path(shape, inputs) == "tree":
         base = dataclasses.replace(inputs, chunk_time=-1)
         base_patch = {"chunks": {"time": -1}}
 
@@ -448,10 +891,11 @@ def solve_fixes(shape: PipelineShape, inputs: BudgetInputs) -> tuple[Fix, ...]:
         report = estimate(shape, candidate)
         return report if report.ok else None
 
-    def add(description: str, candidate: BudgetInputs, patch: dict) -> None:
+    def add(description: str, candidate: BudgetInputs, patch: dict) -> bool:
         report = passes(candidate)
         if report is not None:
             fixes.append(Fix(description, patch, report.peak_per_worker, report.fraction_of_limit))
+        return report is not None
 
     if base is not inputs:
         add("keep time whole: chunks.time: -1", base, base_patch)
@@ -461,46 +905,119 @@ def solve_fixes(shape: PipelineShape, inputs: BudgetInputs) -> tuple[Fix, ...]:
         if side < max(cy, cx):
             candidate = dataclasses.replace(base, chunk_y=side, chunk_x=side)
             patch = _merge(base_patch, {"chunks": {"y": side, "x": side}})
-            add(f"chunks.y = chunks.x = {side} (the largest square chunk that fits)", candidate, patch)
+            aligned = f", a multiple of the {base.source_tile[0]}-px source tiles" if base.source_tile else ""
+            add(f"chunks.y = chunks.x = {side} (the largest square chunk that fits{aligned})", candidate, patch)
+    cache = gdal_cache_bytes(shape, base)
+    for value in CACHE_CANDIDATES:
+        if value < cache:
+            candidate = dataclasses.replace(base, gdal_cachemax=value)
+            if add(f"cluster.gdal_cachemax: {value // 10**6}MB (every block is read once: a cache cannot help)",
+                   candidate, _merge(base_patch, {"cluster": {"gdal_cachemax": f"{value // 10**6}MB"}})):
+                break
     for threads in range(base.threads_per_worker - 1, 0, -1):
         candidate = dataclasses.replace(base, threads_per_worker=threads)
         if passes(candidate):
-            add(f"cluster.threads_per_worker: {threads} (each thread holds a working set)", candidate,
-                _merge(base_patch, {"cluster": {"threads_per_worker": threads}}))
+            # the layout it was checked on: with n_workers or memory_limit "auto", fewer threads would start
+            # more workers with less memory each
+            add(f"cluster.threads_per_worker: {threads} (each thread holds a working set; {base.n_workers} "
+                f"worker(s) × {format_bytes(base.memory_limit)} kept)", candidate,
+                _merge(base_patch, {"cluster": {"threads_per_worker": threads, "n_workers": base.n_workers,
+                                                "memory_limit": base.memory_limit}}))
             break
     if base.dtype == "float64":
         add("grid.dtype: float32 (halves every array)", dataclasses.replace(base, dtype="float32"),
             _merge(base_patch, {"grid": {"dtype": "float32"}}))
+    if not fixes:
+        # no single change fits: a smaller GDAL cache together with a smaller chunk or fewer threads
+        cached = next((dataclasses.replace(base, gdal_cachemax=v) for v in CACHE_CANDIDATES if v < cache), None)
+        if cached is not None:
+            cache_patch = _merge(base_patch, {"cluster": {"gdal_cachemax": f"{cached.gdal_cachemax // 10**6}MB"}})
+            side = _largest_square_chunk(shape, cached)
+            if side is not None and side < max(cached.chunk_yx):
+                add(f"cluster.gdal_cachemax: {cached.gdal_cachemax // 10**6}MB and chunks.y = chunks.x = {side}",
+                    dataclasses.replace(cached, chunk_y=side, chunk_x=side),
+                    _merge(cache_patch, {"chunks": {"y": side, "x": side}}))
+            for threads in range(cached.threads_per_worker - 1, 0, -1):
+                if add(f"cluster.gdal_cachemax: {cached.gdal_cachemax // 10**6}MB and threads_per_worker: {threads} "
+                       f"({base.n_workers} worker(s) × {format_bytes(base.memory_limit)} kept)",
+                       dataclasses.replace(cached, threads_per_worker=threads),
+                       _merge(cache_patch, {"cluster": {"threads_per_worker": threads, "n_workers": base.n_workers,
+                                                        "memory_limit": base.memory_limit}})):
+                    break
+    if not fixes and base.n_time > 1:
+        items = _largest_passing(lambda n: passes(_with_items(base, n)) is not None, base.n_time - 1)
+        if items:
+            add(f"source.stac.max_items: {items} (a shorter time axis: the result then covers {items} items, not "
+                f"{base.n_time})", _with_items(base, items),
+                _merge(base_patch, {"source": {"stac": {"max_items": items}}}))
     return tuple(fixes)
 
 
-def _largest_square_chunk(shape: PipelineShape, inputs: BudgetInputs) -> int | None:
-    """The largest square spatial chunk (multiple of 256, or of 64 below 256) whose estimate passes."""
-    unit = dataclasses.replace(inputs, chunk_y=1, chunk_x=1, grid_shape=(1, 1))
-    per_pixel_task = max(s.bytes_per_task for s in stage_estimates(shape, unit))
-    room = (inputs.max_fraction * inputs.memory_limit - inputs.gdal_cachemax - WORKER_BASELINE_BYTES
-            - open_files_bytes(shape, inputs) * inputs.threads_per_worker)
-    if room <= 0 or per_pixel_task <= 0:
+def _with_items(inputs: BudgetInputs, n: int) -> BudgetInputs:
+    dates = None if inputs.n_dates is None else max(1, min(inputs.n_dates, n))
+    group = None if inputs.group_dates is None else max(1, min(inputs.group_dates, n))
+    return dataclasses.replace(inputs, n_time=n, n_dates=dates, group_dates=group,
+                               time_source="max_items" if inputs.time_source != "search" else "search")
+
+
+def _largest_passing(fits: Any, upper: int) -> int | None:
+    """The largest n in 1..upper with fits(n) (fits is monotone: fewer items never need more memory)."""
+    if upper < 1 or not fits(1):
         return None
-    side = int(math.sqrt(room / (per_pixel_task * inputs.threads_per_worker)))
-    step = 256 if side >= 256 else 64
-    side = (side // step) * step
-    while side >= step:
-        candidate = dataclasses.replace(inputs, chunk_y=side, chunk_x=side)
-        if estimate(shape, candidate).ok:
-            return side
-        side -= step
+    low, high = 1, upper
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _largest_square_chunk(shape: PipelineShape, inputs: BudgetInputs) -> int | None:
+    """The largest square spatial chunk whose estimate passes: a multiple of the source tiles when known (reads then
+    decode no neighbour's tiles), else of 256 (64 below 256)."""
+    height, width = inputs.grid_shape
+    tile = max(inputs.source_tile) if inputs.source_tile else None
+    cy, cx = inputs.chunk_yx
+    if tile:
+        steps = [tile]
+    else:
+        steps = [256, 64]
+    for step in steps:
+        side = (max(cy, cx) // step) * step
+        if side >= max(cy, cx):
+            side -= step
+        while side >= step:
+            candidate = dataclasses.replace(inputs, chunk_y=side, chunk_x=side)
+            if estimate(shape, candidate).ok:
+                return side
+            side -= step
     return None
 
 
 def _merge(a: dict, b: dict) -> dict:
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in a.items()}
+    out = {k: _merge(v, {}) if isinstance(v, dict) else v for k, v in a.items()}
     for key, value in b.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = {**out[key], **value}
+            out[key] = _merge(out[key], value)
         else:
-            out[key] = value
+            out[key] = _merge(value, {}) if isinstance(value, dict) else value
     return out
+
+
+def complete_patch(spec: Any, patch: dict) -> dict:
+    """The sections a fix touches, complete: the spec's own values (as written, defaults left to the defaults) with
+    the fix merged in, so that pasting a section over the old one changes nothing else."""
+    data = spec.model_dump(mode="json", exclude_unset=True, by_alias=True)
+    return {section: _merge(data.get(section) or {}, values) for section, values in patch.items()}
+
+
+def fix_text(spec: Any, fix: Fix) -> str:
+    """A fix as YAML ready to paste: complete sections (see :func:`complete_patch`)."""
+    import yaml
+
+    return yaml.safe_dump(complete_patch(spec, fix.patch), sort_keys=False, default_flow_style=None).rstrip()
 
 
 def with_fixes(report: BudgetReport, shape: PipelineShape) -> BudgetReport:
@@ -521,8 +1038,10 @@ def enforce(report: BudgetReport, where: str = "") -> None:
     prefix = f"{where}: " if where else ""
     lines = [f"{prefix}{reason}" for reason in report.refusals]
     lines.append(f"  per worker: {report.formula}")
+    if report.assumptions:
+        lines.append("  assumed: " + "; ".join(report.assumptions))
     if report.fixes:
-        lines.append("  fixes (each passes the check):")
+        lines.append("  fixes (each passes the check; `rasterflow plan --fix` prints them ready to paste):")
         for fix in report.fixes:
             lines.append(f"    - {fix.description} -> {format_bytes(fix.peak_per_worker)} per worker "
                          f"({fix.fraction:.0%} of the limit)")

@@ -268,6 +268,10 @@ def _start_local(settings: ClusterSettings, layout: WorkerLayout) -> tuple[Any, 
 
     _check_lz4()
     env = {"GDAL_CACHEMAX": gdal_cachemax_env_value(settings.gdal_cachemax)}
+    # GDAL settings read once per process (its shared HTTP cache size), before GDAL starts; see rasterflow.gdalenv
+    from rasterflow.gdalenv import process_env
+
+    env.update(process_env())
     # The nanny sets distributed.nanny.pre-spawn-environ (OMP_NUM_THREADS=1, MALLOC_TRIM_THRESHOLD_, ...) in *this*
     # process before spawning each worker; put the parent's values back once the workers exist. GDAL_CACHEMAX goes
     # through env=, which the nanny applies only inside the worker process.
@@ -284,6 +288,8 @@ def _start_local(settings: ClusterSettings, layout: WorkerLayout) -> tuple[Any, 
                 dashboard_address=":0",  # a free port; the HTTP server runs even without bokeh (health, metrics)
                 silence_logs=logging.WARNING,
                 env=env,
+                # workers ignore SIGINT/SIGTERM/SIGHUP (the run shuts them down) and log to the run's worker log
+                preload=["rasterflow.workerinit"],
             )
         client = Client(cluster)
     except Exception as exc:
@@ -298,24 +304,68 @@ def _start_local(settings: ClusterSettings, layout: WorkerLayout) -> tuple[Any, 
     return cluster, client
 
 
+def _check_worker_versions(client: Any, address: str) -> None:
+    """Every worker of an existing cluster must import this rasterflow: its tasks call rasterflow's own functions,
+    and another version could compute another result."""
+    from rasterflow import __version__
+
+    def imported_version() -> str | None:  # a closure: cloudpickle ships it by value, it needs no rasterflow there
+        try:
+            import rasterflow
+        except ImportError:
+            return None
+        return str(getattr(rasterflow, "__version__", None))
+
+    # An import, not the installed package metadata (Client.get_versions): the metadata can be there when the
+    # package cannot be imported, and the tasks need the import.
+    found = {worker: (None if isinstance(version, BaseException) else version)
+             for worker, version in client.run(imported_version, on_error="return").items()}
+    wrong = {worker: version for worker, version in found.items() if version != __version__}
+    if wrong:
+        shown = ", ".join(f"{worker}: {version or 'not importable'}" for worker, version in sorted(wrong.items()))
+        raise ClusterError(
+            f"{len(wrong)} of the {len(found)} workers of {address} do not have rasterflow {__version__} (the "
+            f"client's version) installed ({shown}); install the same rasterflow version in the workers' "
+            f"environment (their image or conda/pip environment) and restart them"
+        )
+
+
+def _register_gdal_cache(client: Any, nbytes: int) -> str:
+    """Put the spec's GDAL block cache size on every worker, also on workers that join later; returns the plugin's
+    name. A LocalCluster's workers get it in their environment instead (:func:`_start_local`)."""
+    import uuid
+
+    from rasterflow.read.worker import GdalCachePlugin
+
+    name = f"rasterflow-gdal-cache-{uuid.uuid4().hex}"
+    client.register_plugin(GdalCachePlugin(nbytes), name=name)
+    return name
+
+
 @contextmanager
 def open_cluster(settings: ClusterSettings, layout: WorkerLayout) -> Iterator[ClusterHandle]:
     """Start a LocalCluster sized by ``layout``, or connect to the existing scheduler; yield a :class:`ClusterHandle`.
 
     With an address (``settings.address`` or ``$DASK_SCHEDULER_ADDRESS``) only a client is opened, and only the client
-    is closed on exit: the remote cluster keeps running. Otherwise a LocalCluster of processes is started with
+    is closed on exit: the remote cluster keeps running. Its workers must have this rasterflow version installed;
+    they get the spec's GDAL block cache size through a worker plugin (removed on exit, the previous size restored),
+    which also reaches workers that join or restart while the client is open. Otherwise a LocalCluster of processes is started with
     ``layout``'s numbers, ``GDAL_CACHEMAX`` in each worker's environment and the memory thresholds in each worker's
     Dask config; it is shut down on exit, also when the body raises.
 
     Raises
     ------
     ClusterError
-        The scheduler could not be reached, or the LocalCluster could not be started.
+        The scheduler could not be reached, its workers lack this rasterflow version, or the LocalCluster could not
+        be started.
     """
     address = resolve_address(settings)
     if address is not None:
         client = _connect(address, settings.connect_timeout, set_as_default=True)
+        plugin = None
         try:
+            _check_worker_versions(client, address)
+            plugin = _register_gdal_cache(client, settings.gdal_cachemax)
             yield ClusterHandle(
                 client=client,
                 layout=layout,
@@ -324,7 +374,13 @@ def open_cluster(settings: ClusterSettings, layout: WorkerLayout) -> Iterator[Cl
                 is_local=False,
             )
         finally:
-            client.close()
+            try:
+                if plugin is not None:  # a plugin stays on the scheduler after its client leaves: remove it
+                    client.unregister_worker_plugin(plugin)
+            except Exception as exc:  # the scheduler gone: nothing left to clean up
+                log.debug("could not unregister %s: %s", plugin, exc)
+            finally:
+                client.close()
         return
 
     cluster, client = _start_local(settings, layout)

@@ -23,6 +23,10 @@ __all__ = [
     "RunFailedError",
     "SourceReadError",
     "SourceMismatchError",
+    "OutputLockedError",
+    "OutputNotOursError",
+    "UsageError",
+    "RunInterrupted",
 ]
 
 
@@ -33,6 +37,11 @@ class ExitCode(enum.IntEnum):
     RUN_FAILED = 1
     INVALID = 2
     OVER_BUDGET = 3
+    USAGE = 64
+    """Bad command line (unknown option, missing argument): sysexits' EX_USAGE, distinct from an invalid spec."""
+    LOCKED = 75
+    """Another run holds the output's lock: sysexits' EX_TEMPFAIL (try again later); nothing was touched."""
+    # An interrupted run exits 128 + the signal number (130 SIGINT, 143 SIGTERM, 129 SIGHUP), as shells report it.
 
 
 class RasterflowError(Exception):
@@ -149,3 +158,47 @@ class SourceReadError(RasterflowError, OSError):
 
 class SourceMismatchError(SourceReadError, ValueError):
     """A source file contradicts its item's metadata (data type, band count, CRS or grid)."""
+
+
+class OutputNotOursError(OutputExistsError):
+    """``overwrite`` was asked but what is at the output path is not a rasterflow output (or is an input of the job,
+    or a symlink): rasterflow never deletes it."""
+
+
+class OutputLockedError(RasterflowError, BlockingIOError):
+    """Another run holds the output's lock; the message says which host, pid and since when."""
+
+    exit_code = ExitCode.LOCKED
+
+    def __init__(self, message: str, holder: dict | None = None):
+        super().__init__(message)
+        self.holder = dict(holder or {})
+
+
+class UsageError(RasterflowError, ValueError):
+    """The command line is wrong (a bad ``--var``, an empty selection, no results file to retry)."""
+
+    exit_code = ExitCode.USAGE
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A signal (SIGINT, SIGTERM, SIGHUP) stopped the run.
+
+    Deliberately *not* a :class:`RasterflowError`: it must pass through every ``except Exception`` (writers, Dask) the
+    way ``KeyboardInterrupt`` does, so the run stops where it is and cleans up on the way out.
+    """
+
+    def __init__(self, signum: int):
+        import signal as _signal
+
+        self.signum = int(signum)
+        try:
+            self.signal_name = _signal.Signals(self.signum).name
+        except ValueError:  # pragma: no cover - an unknown number
+            self.signal_name = f"signal {self.signum}"
+        super().__init__(self.signal_name)
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal number, what a shell reports for a process ended by that signal."""
+        return 128 + self.signum

@@ -14,7 +14,7 @@ import math
 import operator
 import re
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +31,7 @@ _MAX_INT_LITERAL = 2**63
 
 _ARITY = {"where": 3, "clip": 3, "minimum": 2, "maximum": 2, "sqrt": 1, "log": 1, "exp": 1, "abs": 1, "isnan": 1}
 ALLOWED_FUNCTIONS: frozenset[str] = frozenset(_ARITY)
-_UFUNCS = {"sqrt": np.sqrt, "log": np.log, "exp": np.exp, "abs": np.abs, "clip": np.clip,
+_UFUNCS: dict[str, Callable[..., Any]] = {"sqrt": np.sqrt, "log": np.log, "exp": np.exp, "abs": np.abs, "clip": np.clip,
            "minimum": np.minimum, "maximum": np.maximum, "isnan": np.isnan}
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -201,11 +201,12 @@ class _Source:
         line = self.text[start : self._line_starts[lineno] if lineno < len(self._line_starts) else len(self.text)]
         return start + len(line.encode("utf-8")[:col_bytes].decode("utf-8", "ignore"))
 
+    # Every node these get (expressions, keywords) carries a position; ast.AST itself does not declare one.
     def start(self, node: ast.AST) -> int:
-        return self.offset(node.lineno, node.col_offset)
+        return self.offset(node.lineno, node.col_offset)  # type: ignore[attr-defined]
 
     def end(self, node: ast.AST) -> int:
-        return self.offset(node.end_lineno, node.end_col_offset)
+        return self.offset(node.end_lineno, node.end_col_offset)  # type: ignore[attr-defined]
 
     def find_after(self, node: ast.AST, chars: str) -> int:
         """Offset of the first of ``chars`` after ``node``: the ``.`` of an attribute, the ``[`` of an index."""
@@ -246,7 +247,7 @@ def _signed_literal(node: ast.AST) -> int | float | None:
     sign = 1
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         sign, node = (-1 if isinstance(node.op, ast.USub) else 1), node.operand
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
         return sign * node.value
     return None
 
@@ -323,7 +324,7 @@ class _Checker:
             raise self.fail(f"{kind} is not allowed", offset)
         if type(value) is int and abs(value) > _MAX_INT_LITERAL:
             raise self.fail("the integer is too large (the limit is 2**63)", offset)
-        if not math.isfinite(value):
+        if not math.isfinite(float(value)):  # type: ignore[arg-type]  # int or float, checked above
             raise self.fail("the number is out of range", offset)
         return False
 
@@ -445,6 +446,7 @@ class _Evaluator:
             return self._compare(node)
         if isinstance(node, ast.Call):
             args = [self.walk(arg) for arg in node.args]
+            assert isinstance(node.func, ast.Name)  # the checker allows only named functions
             return self._apply(node, ops.call, node.func.id, *args)
         raise AssertionError(f"unchecked node {type(node).__name__}")  # the checker lets nothing else through
 
@@ -461,9 +463,10 @@ class _Evaluator:
             del step
         return combined
 
-    def _membership(self, node: ast.Compare, op: ast.cmpop, value: Any, choices: ast.Tuple) -> Any:
+    def _membership(self, node: ast.Compare, op: ast.cmpop, value: Any, choices: ast.expr) -> Any:
         # An OR-chain of == rather than np.isin, which neither Dask nor xarray dispatch lazily.
         test, join = (ast.Eq, ast.Or) if isinstance(op, ast.In) else (ast.NotEq, ast.And)
+        assert isinstance(choices, ast.Tuple)  # the checker allows only tuple literals after `in`
         literals = [_signed_literal(element) for element in choices.elts]
         hits = self._apply(node, self._ops.compare, test, value, literals[0])
         for literal in literals[1:]:
@@ -508,7 +511,7 @@ class _ArrayOps:
         return value
 
     @staticmethod
-    def binary(op: type, left: Any, right: Any) -> Any:
+    def binary(op: type[ast.operator], left: Any, right: Any) -> Any:
         result = _BINARY[op](left, right)
         return math.nan if isinstance(result, complex) else result  # (-8) ** 0.5: NaN, as NumPy gives
 
@@ -519,7 +522,7 @@ class _ArrayOps:
         return operator.neg(operand) if op is ast.USub else operator.invert(operand)
 
     @staticmethod
-    def compare(op: type, left: Any, right: Any) -> Any:
+    def compare(op: type[ast.cmpop], left: Any, right: Any) -> Any:
         return _COMPARE[op](left, right)
 
     @staticmethod

@@ -53,6 +53,7 @@ def _task_array(plan: JobPlan, prefix: str, function: Any, time_chunks: tuple[in
                 dtype: str) -> da.Array:
     """A Dask array with one independent task per (time chunk, y chunk, x chunk)."""
     program = plan.program
+    assert program is not None, "a plan without items has no tasks"
     cy, cx = plan.chunks["y"], plan.chunks["x"]
     height, width = plan.grid.shape
     y_chunks = tuple(min(cy, height - start) for start in range(0, height, cy))
@@ -138,8 +139,33 @@ def _tree_reduce(series: da.Array, program: kernels.Program) -> da.Array:
     results = []
     for indices in groups:
         subset = series[list(indices)] if len(indices) != series.shape[0] else series
-        results.append(_dask_reduce(subset, program.reduce_method))
+        if program.reduce_method == "std":
+            results.append(_tree_std(subset))
+        else:
+            assert program.reduce_method is not None  # no reduction takes the series path, not this one
+            results.append(_dask_reduce(subset, program.reduce_method))
     return da.stack(results)[:, None]
+
+
+def _tree_std(values: da.Array) -> da.Array:
+    """std over a chunked time axis in the working dtype: streaming partials (count, mean, M2) per time chunk,
+    combined in a tree (``kernels.combine_std_partials``), finished per spatial chunk. Each step holds its input
+    plus a few ``(y, x)`` planes, which ``budget.py`` counts (``da.nanstd`` made ~8 float64 copies)."""
+    # (dask's annotations read Array.map_blocks as the decorator form, hence the ignore)
+    parts = values.map_blocks(lambda block: kernels.std_partials(block)[None], dtype=values.dtype,  # type: ignore
+                              chunks=((1,) * values.numblocks[0], (3,), *values.chunks[1:]), new_axis=1)
+    combined = da.reduction(parts, chunk=_keep_partials, combine=_combine_partials, aggregate=_combine_partials,
+                            axis=0, keepdims=True, dtype=values.dtype, concatenate=True,
+                            meta=np.empty((0, 0, 0, 0), dtype=values.dtype))
+    return combined.map_blocks(lambda block: kernels.finish_std(block[0]), drop_axis=(0, 1), dtype=values.dtype)
+
+
+def _keep_partials(block: np.ndarray, axis: Any = None, keepdims: bool = True) -> np.ndarray:
+    return block
+
+
+def _combine_partials(block: np.ndarray, axis: Any = None, keepdims: bool = True) -> np.ndarray:
+    return kernels.combine_std_partials(block)[None]
 
 
 def _dask_reduce(values: da.Array, method: str) -> da.Array:

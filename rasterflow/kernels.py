@@ -8,7 +8,7 @@ stays alive here is what ``budget.py`` counts; change one, change the other.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -16,7 +16,7 @@ from rasterflow.expr import Expression
 
 __all__ = [
     "Program", "Planes", "working_plane", "band_block", "reduce_block", "reduce_time", "nanquantile_time", "solar_day_steps", "period_labels",
-    "group_indices",
+    "group_indices", "std_partials", "combine_std_partials", "finish_std",
 ]
 
 
@@ -242,6 +242,60 @@ def nanquantile_time(values: np.ndarray, quantiles: Sequence[float]) -> np.ndarr
     return out
 
 
+def std_partials(values: np.ndarray) -> np.ndarray:
+    """Streaming partials of a NaN-aware std over axis 0: ``(t, y, x)`` -> ``(3, y, x)`` = count, mean, M2.
+
+    Welford's update, one date at a time, in the input's dtype: the temporaries are four ``(y, x)`` planes whatever
+    ``t`` is (``da.nanstd`` builds float64 copies of the whole series: ``A - mean``, its square, the mask). Partials
+    of time chunks combine with :func:`combine_std_partials`; :func:`finish_std` turns them into the std (ddof 0).
+    """
+    dtype = values.dtype
+    out = np.zeros((3, *values.shape[1:]), dtype=dtype)
+    count, mean, m2 = out[0], out[1], out[2]
+    invalid = np.empty(values.shape[1:], dtype=bool)
+    delta = np.empty(values.shape[1:], dtype=dtype)
+    after = np.empty(values.shape[1:], dtype=dtype)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for t in range(values.shape[0]):
+            x = values[t]
+            np.isnan(x, out=invalid)
+            np.subtract(x, mean, out=delta)
+            np.copyto(delta, 0, where=invalid)
+            np.add(count, 1, out=count, where=~invalid)
+            np.divide(delta, np.maximum(count, 1, out=after), out=after)
+            mean += after
+            np.subtract(x, mean, out=after)
+            np.copyto(after, 0, where=invalid)
+            after *= delta
+            m2 += after
+    return out
+
+
+def combine_std_partials(parts: np.ndarray) -> np.ndarray:
+    """Combine ``(k, 3, y, x)`` partials of k time chunks into one ``(3, y, x)`` (Chan et al.'s pairwise update)."""
+    total = parts[0].copy()
+    count, mean, m2 = total[0], total[1], total[2]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for other in parts[1:]:
+            n_b, mean_b, m2_b = other[0], other[1], other[2]
+            n = count + n_b
+            safe = np.maximum(n, 1)
+            delta = mean_b - mean
+            mean += delta * (n_b / safe)
+            m2 += m2_b + delta * delta * (count * n_b / safe)
+            count[...] = n
+    return total
+
+
+def finish_std(partials: np.ndarray) -> np.ndarray:
+    """``(3, y, x)`` partials -> the std ``(y, x)`` (ddof 0); NaN where no date is valid."""
+    count, m2 = partials[0], partials[2]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        result = np.sqrt(np.maximum(m2, 0) / count)
+    result[count == 0] = np.nan
+    return result.astype(partials.dtype, copy=False)
+
+
 def solar_day_steps(items: Sequence[dict]) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
     """Group items (sorted by time) into passes: the same local solar day at the item's longitude.
 
@@ -269,7 +323,7 @@ def period_labels(times: Sequence[np.datetime64], period: str) -> list[str]:
     year "2024"."""
     labels = []
     for value in times:
-        stamp = np.datetime64(value, "D").astype(object)
+        stamp: Any = np.asarray(value).astype("datetime64[D]").item()  # a datetime.date
         if period == "month":
             labels.append(f"{stamp.year:04d}-{stamp.month:02d}")
         elif period == "year":

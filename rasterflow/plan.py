@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from rasterflow import budget
 from rasterflow.errors import SpecError, SpecIssue
 from rasterflow.kernels import Program, group_indices, period_labels, solar_day_steps
-from rasterflow.sources import MissingAsset, SourceTable, missing_assets, resolve_sources
+from rasterflow.sources import FileHeader, MissingAsset, SourceTable, missing_assets, resolve_sources
 from rasterflow.sizing import WorkerLayout, local_machine, size_local_cluster
 from rasterflow.units import parse_bytes
 
@@ -86,7 +86,8 @@ def resolve_grid(spec: Any) -> GridPlan:
         from pyproj import Transformer
 
         transformer = Transformer.from_crs("EPSG:4326", spec.grid.crs, always_xy=True)
-        minx, miny, maxx, maxy = transformer.transform_bounds(*spec.source.stac.bbox, densify_pts=21)
+        west, south, east, north = (float(v) for v in spec.source.stac.bbox)
+        minx, miny, maxx, maxy = transformer.transform_bounds(west, south, east, north, densify_pts=21)
         minx = math.floor(minx / resolution) * resolution
         miny = math.floor(miny / resolution) * resolution
         maxx = math.ceil(maxx / resolution) * resolution
@@ -155,9 +156,11 @@ def budget_inputs(spec: Any, grid: GridPlan, layout: WorkerLayout, n_items: int 
 
 
 def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerLayout | None = None,
-              source_tile: tuple[int, int] | None = None) -> JobPlan:
+              source_tile: tuple[int, int] | None = None,
+              headers: Mapping[str, FileHeader] | None = None) -> JobPlan:
     """Resolve grid, layout and budget (with fixes when refused). Pure: the caller did the search, the cluster
-    query and (optionally) read one source file's tile shape."""
+    query and (optionally) read file headers: one file's tile shape, and ``headers`` for assets whose items declare
+    no data type (see :func:`rasterflow.sources.resolve_sources`)."""
     import numpy as np
 
     grid = resolve_grid(spec)
@@ -167,11 +170,16 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
     load_dtype = None
     if items is not None:
         sources = resolve_sources(items, {a: spec.source.assets[a] for a in shape.assets_loaded}, grid,
-                                  overrides=spec.source.overrides, working_dtype=spec.grid.dtype)
+                                  overrides=spec.source.overrides, working_dtype=spec.grid.dtype, headers=headers)
         # the widest loaded asset sizes the block (conservative for mixed uint8 / uint16 assets)
         load_dtype = max((a.load_dtype for a in sources.assets), key=lambda d: np.dtype(d).itemsize, default=None)
     inputs = budget_inputs(spec, grid, layout, None if items is None else len(items), source_tile, load_dtype)
-    report = budget.with_fixes(budget.estimate(shape, inputs, on_exceed=spec.budget.on_exceed), shape)
+    if items is not None and sources is not None:  # the model follows the tasks the graph runs on these items
+        inputs = budget.dataclasses_replace(inputs, **_budget_details(spec, items, sources, layout))
+        report = budget.estimate(shape, inputs, on_exceed=spec.budget.on_exceed)
+    else:
+        report = budget.static_estimate(shape, inputs, on_exceed=spec.budget.on_exceed)
+    report = budget.with_fixes(report, shape)
     if sources is not None and sources.warnings:
         report = budget.dataclasses_replace(report, warnings=report.warnings + sources.warnings)
     times: tuple[str, ...] = ()
@@ -194,6 +202,50 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
         quantile_dim=spec.reduce is not None and isinstance(spec.reduce.q, list), name=spec.name,
         resampling=spec.grid.resampling, expressions=tuple(spec.bands.items()),
     )
+
+
+def _budget_details(spec: Any, items: Sequence[dict], sources: SourceTable, layout: WorkerLayout) -> dict:
+    """What the items tell the budget: each asset's load dtype and coverage planes, the output dates (passes), the
+    largest period, and the machine the client (and a LocalCluster) runs on."""
+    import numpy as np
+
+    times, _ = output_dates(items, spec.source.group_by)
+    group_dates = None
+    if spec.reduce is not None and spec.reduce.period and times:
+        _, groups = group_indices(period_labels([np.datetime64(t) for t in times], spec.reduce.period))
+        group_dates = max(len(g) for g in groups)
+    return {
+        "asset_dtypes": tuple(a.load_dtype for a in sources.assets),
+        "coverage_assets": sum(1 for a in sources.assets if a.fill is None),
+        "n_dates": max(1, len(times)),
+        "group_dates": group_dates,
+        "machine_memory": local_machine().memory_bytes,
+        "workers_local": layout.source == "local",
+        "files_per_chunk": _files_per_chunk(spec, sources),
+    }
+
+
+def _files_per_chunk(spec: Any, sources: SourceTable) -> int:
+    """The most files (item × asset) whose footprint meets one spatial chunk: what a task opens (``graph.read_jobs``)."""
+    import numpy as np
+
+    height, width = resolve_grid(spec).shape
+    cy = height if spec.chunks.y == -1 else min(spec.chunks.y, height)
+    cx = width if spec.chunks.x == -1 else min(spec.chunks.x, width)
+    counts = np.zeros((math.ceil(height / cy), math.ceil(width / cx)), dtype=np.int64)
+    for item_reads in sources.reads:
+        for read in item_reads:
+            if read.footprint is None:
+                counts += 1
+                continue
+            r0, r1, c0, c1 = read.footprint
+            if r0 < r1 and c0 < c1:
+                # footprints are rounded out by a pixel; a file opened for that pixel only reads its header, which
+                # costs little next to the file cache of a file that is read (budget.OPEN_FILE_BYTES)
+                r0, r1 = (r0 + 1, r1 - 1) if r1 - r0 > 2 else (r0, r1)
+                c0, c1 = (c0 + 1, c1 - 1) if c1 - c0 > 2 else (c0, c1)
+                counts[r0 // cy:(r1 - 1) // cy + 1, c0 // cx:(c1 - 1) // cx + 1] += 1
+    return int(counts.max()) if counts.size else 0
 
 
 def check_items(loaded: Any, plan: JobPlan) -> None:

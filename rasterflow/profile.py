@@ -93,7 +93,8 @@ def profile_one_task(plan: Any, spec: Any, *, use_memray: bool = True, flamegrap
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    memray_peak, flame, sites = (None, None, [])
+    memray_peak, flame = None, None
+    sites: list = []
     if use_memray:
         memray_peak, flame, sites = _memray_peak(compute, flamegraph, top)
     chunk_shape = dict(plan.chunks)

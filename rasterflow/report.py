@@ -39,7 +39,7 @@ __all__ = [
     "DEFAULT_THRESHOLDS",
 ]
 
-STATUS_BY_EXIT_CODE = {0: "ok", 1: "failed", 2: "invalid", 3: "over_budget"}
+STATUS_BY_EXIT_CODE = {0: "ok", 1: "failed", 2: "invalid", 3: "over_budget", 64: "usage", 75: "locked"}
 """``status`` for each process exit code (:class:`rasterflow.errors.ExitCode`)."""
 
 MAX_MEMORY_SAMPLES = 2000
@@ -108,6 +108,20 @@ def library_versions() -> dict[str, str | None]:
     versions["gdal"] = _gdal_version()
     order = ["python", "numpy", "dask", "distributed", "xarray", "rasterio", "gdal", "stackstac", "pystac_client", "zarr"]
     return {key: versions[key] for key in order}
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux tells it (os.umask() would, for every thread)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def default_report_path(output_path: str) -> str:
@@ -197,6 +211,20 @@ class RunReport:
     """Worker thresholds as fractions of ``memory_limit`` (target, spill, pause, terminate)."""
     client_peak: int | None = None
     """Highest RSS of the client (driver) process, bytes."""
+    predicted_client_peak: int | None = None
+    """The budget's estimate of the client process (it assembles COG output), bytes."""
+    fingerprint: str | None = None
+    """The output's identity (spec after variables, item ids and updated times, rasterflow version); ``if_exists:
+    skip`` compares it, and a COG is recognised as rasterflow's by being listed here with it."""
+    note: str | None = None
+    """Something the status alone does not say (a signal that arrived after the output was committed)."""
+    reads: dict[str, Any] = field(default_factory=dict)
+    """Source reads (issue 9): ``files``, ``failed_count``, ``failed_fraction``, ``failed`` (per href: item_id,
+    asset, href, error, status, attempts, windows, retries), ``retried_files``, ``total_retries``, ``retries``
+    (href -> retries) and the ``policy`` (retry, on_read_error, max_failed_fraction, sign)."""
+    gdal_options: dict[str, Any] = field(default_factory=dict)
+    """GDAL settings of the reads (``reads``: config options rasterflow set) and the S3 variables of the
+    environment (``aws_env``; credentials only as ``(set)``)."""
 
     # ---- building -------------------------------------------------------------------------------------------
 
@@ -214,7 +242,7 @@ class RunReport:
         """Record the end: finish time, exit code and the status it means."""
         self.finished_at = _now_iso()
         self.exit_code = int(exit_code)
-        self.status = STATUS_BY_EXIT_CODE.get(int(exit_code), "failed")
+        self.status = STATUS_BY_EXIT_CODE.get(int(exit_code), "interrupted" if 128 < exit_code < 160 else "failed")
         if error is not None:
             self.error = error
         return self
@@ -258,6 +286,8 @@ class RunReport:
         text = self.to_json()  # fails before anything is touched
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        # mkstemp creates 0600; a report gets the permissions of the outputs it sits beside (0666 minus the umask)
+        os.chmod(tmp, 0o666 & ~_umask())
         try:
             with os.fdopen(fd, "w") as handle:
                 handle.write(text)
@@ -292,6 +322,7 @@ class RunReport:
         if self.error:
             status += f": {self.error}"
         lines = [status]
+        lines.extend(self._read_lines())
         for out in self.outputs:
             size = out.get("bytes")
             lines.append(f"output: {out.get('path')} ({format_bytes(size) if size is not None else 'size unknown'})")
@@ -305,6 +336,22 @@ class RunReport:
                 f"spilled to disk: {format_bytes(self.spilled_bytes)}"
                 + (" (memory pressure: halve the chunks or the threads)" if self.spilled_bytes else "")
             )
+        return lines
+
+    def _read_lines(self) -> list[str]:
+        """Failed source reads and retries: never a silent success."""
+        reads = self.reads or {}
+        lines = []
+        failed = reads.get("failed") or []
+        if failed:
+            policy = (reads.get("policy") or {}).get("on_read_error", "fail")
+            treated = " and treated as missing (on_read_error: nodata)" if policy == "nodata" else ""
+            lines.append(f"reads: {len(failed)} of {reads.get('files', '?')} source files "
+                         f"({float(reads.get('failed_fraction') or 0):.1%}) could not be read{treated}:")
+            lines.extend(f"  {entry.get('error')}" for entry in failed)
+        if reads.get("total_retries"):
+            lines.append(f"reads: {reads['total_retries']} retries of {reads.get('retried_files', 0)} files "
+                         "after transient failures")
         return lines
 
     def _memory_lines(self) -> list[str]:

@@ -2,66 +2,147 @@
 
 Every step is a function of its own module; this one wires them, times them and keeps the run report honest: a
 report is written after every run that got as far as knowing its output, successful or not.
+
+Nothing here prints. :func:`run_command` returns a :class:`RunResult` and tells the caller what happens through
+``emit(kind, fields)`` events (warnings, the dashboard link, progress, resumed blocks); the CLI renders them, the
+Python API (:mod:`rasterflow.api`) hands them to a callback. Errors of the run are recorded in the result (the CLI
+maps them to exit codes, the API raises them).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
+import os
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import click
+from typing import Any, Callable, TextIO
 
 from rasterflow import budget
-from rasterflow.errors import ExitCode, RasterflowError, RunFailedError
+from rasterflow.errors import ExitCode, RasterflowError, RunFailedError, RunInterrupted
 from rasterflow.plan import JobPlan, check_items, local_layout, make_plan
-from rasterflow.units import format_bytes, parse_bytes
+from rasterflow.signals import Interrupts
+from rasterflow.units import parse_bytes
 
 __all__ = [
-    "search", "resolve_layout", "plan_with_items", "plan_command", "run_command", "profile_command", "demo_command",
-    "fingerprint",
+    "search", "resolve_layout", "plan_with_items", "plan_command", "plan_payload", "run_command", "profile_command",
+    "demo_command", "fingerprint", "RunResult", "PlanResult", "Emit", "DEFAULT_STATE_DIR",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+DEFAULT_STATE_DIR = ".rasterflow"
+"""Where a run keeps what is not beside its output (relative to the working directory, like dbt's ``target/``):
+``run_results.json`` and ``reports/`` of runs that do not own their output (refused, up to date, lost the lock)."""
 
-def _echo(message: str = "", **style: Any) -> None:
-    click.secho(message, **style)
+Emit = Callable[[str, dict], None]
+"""``emit(kind, fields)``: what the run tells its caller; kinds: start, warning, plan, dashboard, resumed, took_over,
+up_to_date, memory_plot, done."""
+
+
+def _no_emit(kind: str, fields: dict) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The outcome of one spec's run.
+
+    Attributes
+    ----------
+    spec_path : str
+    name : str
+        The spec's ``name``.
+    status : str
+        ``ok`` | ``up_to_date`` | ``failed`` | ``invalid`` | ``over_budget`` | ``locked`` | ``interrupted``.
+    exit_code : int
+        What the CLI exits with for this spec (see README, exit codes).
+    outputs : tuple of str
+        The files or stores written (or found up to date).
+    report_path : str or None
+        Where the run report was written.
+    report : dict or None
+        The report's content.
+    error : str or None
+        The error message, when the run did not succeed.
+    exception : BaseException or None
+        The error itself (the API raises it).
+    seconds : float
+        Wall time of the run.
+    left : str
+        For an interrupted run: what is left and how a rerun continues.
+    """
+
+    spec_path: str
+    name: str
+    status: str
+    exit_code: int
+    outputs: tuple[str, ...] = ()
+    report_path: str | None = None
+    report: dict | None = field(default=None, repr=False)
+    error: str | None = None
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+    seconds: float = 0.0
+    left: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True for ``ok`` and ``up_to_date``."""
+        return self.exit_code == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A results-file entry (JSON-ready)."""
+        return {"spec": self.spec_path, "name": self.name, "status": self.status, "exit_code": self.exit_code,
+                "outputs": list(self.outputs), "report": self.report_path, "error": self.error,
+                "seconds": round(self.seconds, 3), "left": self.left or None}
 
 
 def plan_with_items(loaded: Any, items: list[dict], layout: Any) -> JobPlan:
     """The plan for searched items, checked against the spec (asset keys, mask types: exit 2 before any pixel is
-    read); also reads the first loaded asset's header for its tile shape (no pixels)."""
-    from rasterflow.catalog import source_tile_shape
+    read); also reads file headers (no pixels): the first loaded asset's tile shape, and data type and nodata of
+    assets whose items declare none."""
+    from rasterflow.budget import pipeline_shape
+    from rasterflow.catalog import source_tile_shape, undeclared_headers
+    from rasterflow.read import header_reader
+    from rasterflow.read.policy import policy_from_spec
 
     spec = loaded.spec
-    plan = make_plan(spec, items=items, layout=layout)
+    keys = [spec.source.assets[name] for name in pipeline_shape(spec).assets_loaded]
+    # headers are opened as the workers will open the files: signed, the run's GDAL options and retries
+    hrefs = [str(((item.get("assets") or {}).get(key) or {}).get("href") or "") for item in items for key in keys]
+    read_header = header_reader(policy_from_spec(spec.source, [h for h in hrefs if h])) if items else None
+    headers = undeclared_headers(items, keys, read_header) if items else {}
+    plan = make_plan(spec, items=items, layout=layout, headers=headers)
     check_items(loaded, plan)
-    assets = plan.shape.assets_loaded
-    tile = source_tile_shape(items, spec.source.assets[assets[0]]) if assets and items else None
+    tile = None
+    if keys and items:
+        tile = headers[keys[0]].tile_shape if keys[0] in headers else source_tile_shape(items, keys[0], read_header)
     if tile is None:
         return plan
-    return make_plan(spec, items=items, layout=layout, source_tile=tile)
+    return make_plan(spec, items=items, layout=layout, source_tile=tile, headers=headers)
 
 
-def search(loaded: Any) -> list[dict]:
-    """Search the spec's catalog (metadata only)."""
-    from rasterflow.catalog import StacQuery, search_items
+def search(loaded: Any, now: dt.datetime | None = None) -> list[dict]:
+    """Search the spec's catalog (metadata only); a relative window ends at ``now`` (default: the current time)."""
+    from rasterflow.catalog import StacQuery, resolve_datetime, search_items
 
     stac = loaded.spec.source.stac
     query = StacQuery(
         catalog=loaded.resolve(stac.catalog),
         collections=tuple(stac.collections),
         bbox=tuple(stac.bbox),
-        datetime=stac.datetime,
+        datetime=resolve_datetime(stac.datetime, now) if now is not None else stac.datetime,
         query=stac.query,
         filter=stac.filter,
         max_items=stac.max_items,
     )
-    return search_items(query)
+    from rasterflow import retry  # source.retry covers the STAC API requests too
+
+    with retry.using(retry.RetryPolicy.from_spec(loaded.spec.source.retry)):
+        return search_items(query)
 
 
 def resolve_layout(spec: Any):
@@ -74,148 +155,356 @@ def resolve_layout(spec: Any):
     return local_layout(spec)
 
 
-def fingerprint(loaded: Any, plan: JobPlan) -> str:
-    """Identity of a job's output: same spec bytes, items, grid and chunks -> same output (resume allowed)."""
+def fingerprint(loaded: Any, plan: JobPlan, period_items: Any = None) -> str:
+    """Identity of a job's output: same spec (after variables), same items with the same ``updated`` times, same
+    grid and chunks, same rasterflow version -> same output. Used to resume, and by ``if_exists: skip``; with
+    ``items`` (those of one period), the identity of that period's files (``if_exists: update``)."""
+    from rasterflow import __version__
+
     digest = hashlib.sha256()
     digest.update(loaded.sha256.encode())
-    digest.update(json.dumps([item["id"] for item in plan.items]).encode())
-    digest.update(json.dumps([plan.grid.bounds, plan.grid.shape, plan.chunks]).encode())
+    items = [[item.get("id"), (item.get("properties") or {}).get("updated")]
+             for item in (plan.items if period_items is None else period_items)]
+    digest.update(json.dumps(items, default=str).encode())
+    # a period's files do not depend on how many items other periods have (the whole time axis' chunk length)
+    chunks = plan.chunks if period_items is None else {k: v for k, v in plan.chunks.items() if k != "time"}
+    digest.update(json.dumps([plan.grid.bounds, plan.grid.shape, chunks]).encode())
+    digest.update(__version__.encode())
     return digest.hexdigest()[:32]
 
 
-def plan_command(loaded: Any, *, as_json: bool = False, fix: bool = False) -> int:
-    """``rasterflow plan``: search, resolve, estimate; print a table (or JSON); exit 3 when refused."""
-    items = search(loaded)
+@dataclass(frozen=True)
+class PlanResult:
+    """What ``rasterflow plan`` shows: the resolved plan and its JSON form; ``exit_code`` 3 when the budget refuses."""
+
+    loaded: Any
+    plan: JobPlan
+    payload: dict
+    exit_code: int
+
+
+def plan_command(loaded: Any, *, now: dt.datetime | None = None) -> PlanResult:
+    """``rasterflow plan``: search, resolve, estimate (nothing printed; the CLI renders the result)."""
+    items = search(loaded, now)
     layout = resolve_layout(loaded.spec)
     plan = plan_with_items(loaded, items, layout)
-    report = plan.report
-    if as_json:
-        payload = {
-            "spec": str(loaded.path),
-            "items": len(items),
-            "item_ids": [item["id"] for item in items],
-            "grid": {"crs": plan.grid.crs, "bounds": list(plan.grid.bounds), "shape": list(plan.grid.shape),
-                     "transform": list(plan.grid.transform)},
-            "layout": {"n_workers": layout.n_workers, "threads_per_worker": layout.threads_per_worker,
-                       "memory_limit": layout.memory_limit, "source": layout.source},
-            "assets": _assets_applied(plan),
-            "budget": report.to_dict(),
-        }
-        click.echo(json.dumps(payload, indent=2))
-    else:
-        _print_plan(loaded, plan)
-    if fix and report.fixes:
-        _echo("\n# paste one of these into the spec:")
-        for candidate in report.fixes:
-            _echo(f"# {candidate.description}")
-            for section, values in candidate.patch.items():
-                _echo(f"{section}: " + "{" + ", ".join(f"{k}: {v}" for k, v in values.items()) + "}")
-    return ExitCode.OK if report.ok else ExitCode.OVER_BUDGET
+    code = ExitCode.OK if plan.report.ok else ExitCode.OVER_BUDGET
+    return PlanResult(loaded=loaded, plan=plan, payload=plan_payload(loaded, plan), exit_code=int(code))
 
 
-def _assets_applied(plan: JobPlan) -> dict[str, dict]:
+def plan_payload(loaded: Any, plan: JobPlan) -> dict:
+    """The plan as plain JSON values (``plan --json``)."""
+    layout = plan.layout
+    return {
+        "spec": str(loaded.path),
+        "name": loaded.spec.name,
+        "items": len(plan.items),
+        "item_ids": [item["id"] for item in plan.items],
+        "grid": {"crs": plan.grid.crs, "bounds": list(plan.grid.bounds), "shape": list(plan.grid.shape),
+                 "transform": list(plan.grid.transform)},
+        "layout": {"n_workers": layout.n_workers, "threads_per_worker": layout.threads_per_worker,
+                   "memory_limit": layout.memory_limit, "source": layout.source},
+        "assets": assets_applied(plan),
+        "budget": plan.report.to_dict(),
+    }
+
+
+def assets_applied(plan: JobPlan) -> dict[str, dict]:
     """Per loaded asset: its key, the dtype it loads in and what metadata was applied (for how many items)."""
     if plan.sources is None:
         return {}
     return {a.name: {"key": a.key, "load_dtype": a.load_dtype, "applied": list(a.applied)} for a in plan.sources.assets}
 
 
-def _print_plan(loaded: Any, plan: JobPlan) -> None:
-    report, inputs = plan.report, plan.report.inputs
-    cy, cx = inputs.chunk_yx
-    _echo(f"plan for {loaded.path} ({loaded.spec.name})", bold=True)
-    _echo(f"  items found      {len(plan.items)}")
-    _echo(f"  grid             {plan.grid.shape[0]} x {plan.grid.shape[1]} px, {plan.grid.crs}, "
-          f"{plan.grid.resolution:g} m, bounds {tuple(round(b, 3) for b in plan.grid.bounds)}")
-    _echo(f"  chunk            time {inputs.time_per_chunk} x y {cy} x x {cx}, {inputs.dtype}: "
-          f"{format_bytes(inputs.plane_bytes)} per asset plane")
-    for index, (name, asset) in enumerate(_assets_applied(plan).items()):
-        label = "assets" if index == 0 else ""
-        key = f" ({asset['key']})" if asset["key"] != name else ""
-        _echo(f"  {label:<16} {name}{key}: loaded as {asset['load_dtype']}")
-        for line in asset["applied"]:
-            _echo(f"  {'':<18} {line}")
-    _echo(f"  tasks            about {report.task_count:,}")
-    _echo(f"  workers          {plan.layout.n_workers} x {plan.layout.threads_per_worker} thread(s), "
-          f"limit {format_bytes(plan.layout.memory_limit)} each ({plan.layout.source})")
-    _echo("  stage                 live planes   per task")
-    for stage in report.stages:
-        marker = "  <- worst" if stage is report.worst_stage else ""
-        _echo(f"    {stage.stage:<20} {stage.planes:>8g}   {format_bytes(stage.bytes_per_task):>9}{marker}")
-    _echo(f"  per worker       {report.formula}")
-    _echo(f"                   = {report.fraction_of_limit:.0%} of the limit (allowed {inputs.max_fraction:.0%})")
-    for warning in report.warnings:
-        _echo(f"  warning: {warning}", fg="yellow")
-    if report.ok:
-        _echo("  verdict          fits", fg="green")
-    else:
-        for refusal in report.refusals:
-            _echo(f"  refused: {refusal}", fg="red")
-        for candidate in report.fixes:
-            _echo(f"  fix: {candidate.description} -> {format_bytes(candidate.peak_per_worker)} per worker "
-                  f"({candidate.fraction:.0%})")
+def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = False, overwrite: bool = False,
+                emit: Emit | None = None, progress_stream: TextIO | None = None, interrupts: Interrupts | None = None,
+                state_dir: str | os.PathLike = DEFAULT_STATE_DIR, now: dt.datetime | None = None,
+                dry_run: bool = False) -> RunResult:
+    """``rasterflow run`` for one loaded spec; never prints, never raises for the run's own errors.
 
+    Order matters for safety: the output's lock is taken before anything is deleted or written; the output policy
+    (``if_exists``) is decided with the items known (the fingerprint), before the cluster starts. The report goes
+    beside the output only when this run owns it (see :func:`rasterflow.outputs.report_may_replace`), else into
+    ``<state_dir>/reports/``.
 
-def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = False) -> int:
-    """``rasterflow run`` for one spec: returns the exit code; the report is written whatever happens."""
+    Parameters
+    ----------
+    overwrite : bool
+        ``--overwrite``: act as ``if_exists: overwrite`` whatever the spec says.
+    emit : callable, optional
+        ``emit(kind, fields)`` for what happens (see :data:`Emit`).
+    progress_stream : text stream, optional
+        Where block progress lines go (None: no progress display).
+    interrupts : Interrupts, optional
+        The signal state (the CLI installs its handlers); lets the run defer signals while committing.
+    now : datetime, optional
+        The time a relative window ends at (default: now), fixed once so the search and dated paths agree.
+    dry_run : bool
+        Search and plan, decide run / skip / refuse, and stop before the lock's owner would write anything.
+    """
     from rasterflow import write
+    from rasterflow.lock import OutputLock
+    from rasterflow.outputs import decide, inspect_existing, leftover_temp_files, render_output_path, window_of
     from rasterflow.report import RunReport, StageTimer, default_report_path
 
+    emit = emit or _no_emit
+    interrupts = interrupts or Interrupts()
+    started = time.monotonic()
     spec = loaded.spec
-    output_path = loaded.resolve(spec.output.path)
     fmt = spec.output.resolved_format
+    policy = "overwrite" if overwrite else spec.output.policy
+    now = now or dt.datetime.now(dt.timezone.utc)
     report = RunReport.start(spec_path=str(loaded.path), spec_sha256=loaded.sha256, catalog=spec.source.stac.catalog,
                              name=spec.name, memory_thresholds=spec.cluster.memory.model_dump())
-    report_file = Path(report_path) if report_path else Path(default_report_path(output_path))
-    timer = StageTimer(report.stage_seconds)
-    code = ExitCode.RUN_FAILED
+    code: int = int(ExitCode.RUN_FAILED)
+    status: str | None = None
+    error: BaseException | None = None
+    output_path = ""
+    lock: OutputLock | None = None
+    lost_lock = committed = False
+    result = None
+    counts = [0, 0]  # blocks done, total: what an interrupted run leaves
+    left = ""
+    own_report: Path | None = Path(report_path) if report_path else None
     try:
-        # Refuse before any work: never replace an existing result unless asked.
-        write.check_output_target(output_path, fmt, overwrite=spec.output.overwrite, fingerprint=None)
-        with timer("search"):
-            items = search(loaded)
+        start, end = window_of(spec.source.stac.datetime, now)
+        output_path = _output_path(loaded, render_output_path(spec.output.path, start, end,
+                                                              where=loaded.where("output", "path")))
+        own_report = own_report or Path(default_report_path(output_path))
+        emit("start", {"spec": str(loaded.path), "name": spec.name, "output": output_path, "policy": policy})
+        if not dry_run:
+            lock = OutputLock(output_path, spec=str(loaded.path))
+            try:
+                lock.acquire()
+            except RasterflowError:
+                lost_lock = True
+                raise
+            if lock.took_over:
+                emit("took_over", {"holder": lock.took_over, "lock": str(lock.path)})
+        if policy == "error":
+            # Refuse before any work: never replace an existing result unless asked.
+            write.check_output_target(output_path, fmt, overwrite=False, fingerprint=None)
+        with timer_for(report)("search"):
+            items = search(loaded, now)
             layout = resolve_layout(spec)
         report.item_ids = [item["id"] for item in items]
-        with timer("plan"):
+        with timer_for(report)("plan"):
             plan = plan_with_items(loaded, items, layout)
         _record_plan(report, plan)
         for warning in plan.report.warnings:
-            _echo(f"warning: {warning}", fg="yellow", err=True)
+            emit("warning", {"message": str(warning)})
+        emit("plan", {"items": len(items), "tasks": plan.report.task_count,
+                      "predicted_peak_per_worker": plan.report.peak_per_worker})
         budget.enforce(plan.report, where=loaded.where("chunks"))
         job_id = fingerprint(loaded, plan)
+        report_fingerprint(report, job_id)
         # Now that the items are known, so are all the files a COG run writes (one per period / quantile).
-        expected = write.cog_output_paths(output_path, _leading_coords(plan)) if fmt == "cog" else None
-        write.check_output_target(output_path, fmt, overwrite=spec.output.overwrite, fingerprint=job_id,
-                                  paths=expected)
-        result = _execute(loaded, plan, output_path, fmt, job_id, report, timer)
-        report.outputs = [{"path": p, "bytes": write.path_size(p)} for p in result.paths]
-        code = ExitCode.OK
+        expected = write.cog_output_paths(output_path, _leading_coords(plan)) if fmt == "cog" else [output_path]
+        existing = inspect_existing(output_path, fmt, expected, _input_hrefs(items))
+        action = decide(policy, existing, job_id, output_path)
+        if action == "up_to_date":
+            status, code = "up_to_date", int(ExitCode.OK)
+            report.outputs = [{"path": p, "bytes": write.path_size(p)} for p in expected]
+            emit("up_to_date", {"outputs": list(expected), "fingerprint": job_id})
+        elif dry_run:
+            status, code = "would_run", int(ExitCode.OK)
+            report.outputs = [{"path": p, "bytes": None} for p in expected]
+        else:
+            files = _file_fingerprints(loaded, plan, output_path) if fmt == "cog" and plan.period_labels else {}
+            kept: list[dict] = []
+            run_plan = plan
+            if policy == "update" and not existing.empty and existing.ours and files:
+                run_plan, kept = _update_plan(loaded, plan, output_path, files, layout)
+                emit("update", {"kept": [k["path"] for k in kept],
+                                "recomputed": sorted(set(files) - {k["path"] for k in kept})})
+            for leftover in leftover_temp_files(expected):
+                write.common.remove(leftover)  # a killed run's hidden temp file; we hold the lock, so nobody owns it
+            result = _execute(loaded, run_plan, output_path, fmt, job_id, report, StageTimer(report.stage_seconds),
+                              # replace only what was ours when decided; whatever appears meanwhile stays
+                              replace=policy != "error" and not existing.empty, emit=emit,
+                              progress_stream=progress_stream,
+                              interrupts=interrupts, counts=counts, log_path=_worker_log_path(own_report))
+            committed = True
+            interrupts.defer()  # the output is in place: nothing may turn this into a failure now
+            report.outputs = kept + [{"path": p, "bytes": write.path_size(p), **files.get(p, {})}
+                                     for p in result.paths]
+            code = int(ExitCode.OK)
+    except KeyboardInterrupt as err:  # RunInterrupted (our handlers) or Python's own SIGINT
+        interrupts.defer()
+        interrupts.note(err)
+        signum = interrupts.received or 2
+        error = err if isinstance(err, RunInterrupted) else RunInterrupted(signum)
+        code, status = 128 + signum, "interrupted"
+        left = _what_is_left(fmt, output_path, counts)
+        report.error = f"interrupted by {error.signal_name}" + (f"; {left}" if left else "")
     except RasterflowError as err:
-        code = err.exit_code
+        error, code = err, int(err.exit_code)
         report.error = str(err)
-        raise
-    except KeyboardInterrupt:
-        report.error = "interrupted"
-        raise
     except Exception as err:
+        error = RunFailedError(f"run failed: {type(err).__name__}: {err}")
+        error.__cause__ = err
         report.error = f"{type(err).__name__}: {err}"
-        raise RunFailedError(f"run failed: {type(err).__name__}: {err}") from err
     finally:
-        report.finish(int(code))
+        interrupts.defer()  # writing the report and releasing the lock must not be cut short
+        report.finish(code)
+        if status is not None:
+            report.status = status
+        if committed and interrupts.received:
+            report.note = (f"{_signal_name(interrupts.received)} arrived after the output was committed; "
+                           f"the run finished normally")
+        report_file = _report_destination(own_report, state_dir, spec.name, committed=committed,
+                                          lost_lock=lost_lock, status=report.status, explicit=report_path is not None)
+        written_report: str | None = None
         try:
-            report.write(report_file)
+            if not dry_run:  # a dry run writes nothing
+                report.write(report_file)
+                written_report = str(report_file)
         except OSError as err:
-            _echo(f"could not write the run report {report_file}: {err}", fg="yellow", err=True)
-        if plot and report.memory_samples:  # drawn last, so a failed run's plot says so too
+            emit("warning", {"message": f"could not write the run report {report_file}: {err}"})
+        if plot and report.memory_samples and output_path:  # drawn last, so a failed run's plot says so too
             from rasterflow.report import plot_memory
 
-            png = plot_memory(report, Path(str(output_path).rstrip("/") + ".memory.png"))
-            _echo(f"memory plot: {png}")
-        if code == ExitCode.OK:
-            for line in report.summary_lines():
-                _echo(line)
-            _echo(f"report: {report_file}")
-    return code
+            try:
+                png = plot_memory(report, Path(str(output_path).rstrip("/") + ".memory.png"))
+                emit("memory_plot", {"path": str(png)})
+            except Exception as err:  # a plot must not fail the run
+                emit("warning", {"message": f"could not draw the memory plot: {type(err).__name__}: {err}"})
+        if lock is not None:
+            lock.release()
+        _drop_if_empty(_worker_log_path(own_report))
+    outcome = RunResult(
+        spec_path=str(loaded.path), name=spec.name, status=report.status, exit_code=int(code),
+        outputs=tuple(o["path"] for o in report.outputs), report_path=written_report, report=report.to_dict(),
+        error=report.error if code != 0 else None, exception=error, seconds=time.monotonic() - started, left=left,
+    )
+    emit("done", {"result": outcome, "summary": report.summary_lines() if code == 0 else []})
+    return outcome
+
+
+def _output_path(loaded: Any, path: str) -> str:
+    """The absolute output path, *without* following symlinks (a symlinked output must be seen as one, and
+    refused, not silently replaced by its target)."""
+    if "://" in path or os.path.isabs(path):
+        return path
+    return os.path.abspath(os.path.join(loaded.base_dir, path))
+
+
+def _items_by_period(plan: JobPlan) -> dict[str, list[dict]]:
+    """The items of each output period, exactly as the plan groups them (passes included)."""
+    program = plan.program
+    if program is None or not plan.period_labels:
+        return {}
+    per_time = program.steps or tuple((index,) for index in range(len(plan.items)))
+    return {str(label): [plan.items[i] for t in group for i in per_time[t]]
+            for label, group in zip(plan.period_labels, program.groups)}
+
+
+def _file_fingerprints(loaded: Any, plan: JobPlan, output_path: str) -> dict[str, dict]:
+    """Per COG file of a per-period output: its period and that period's fingerprint (recorded in the report)."""
+    from rasterflow.write.common import cog_entries
+
+    by_period = _items_by_period(plan)
+    out: dict[str, dict] = {}
+    for _positions, labels, path in cog_entries(output_path, _leading_coords(plan)):
+        period = str(labels.get("period"))
+        if period in by_period:
+            out[path] = {"period": period, "fingerprint": fingerprint(loaded, plan, by_period[period])}
+    return out
+
+
+def _update_plan(loaded: Any, plan: JobPlan, output_path: str, files: dict[str, dict], layout: Any):
+    """``if_exists: update``: the plan of the periods whose files are missing or stale, and the report entries of
+    the files kept. Falls back to the whole plan when the existing report does not say enough."""
+    from rasterflow.outputs import _report_of
+    from rasterflow.write.common import exists, path_size
+
+    listed = {str(o.get("path")): o for o in _report_of(output_path).get("outputs", []) if isinstance(o, dict)}
+    kept, stale = [], set()
+    for path, info in files.items():
+        old = listed.get(path)
+        if (old and old.get("fingerprint") == info["fingerprint"] and exists(path)
+                and (old.get("bytes") is None or path_size(path) == old.get("bytes"))):
+            kept.append(dict(old))
+        else:
+            stale.add(info["period"])
+    if not kept or not stale:  # nothing to keep (or, with the whole fingerprint changed, nothing known stale)
+        return plan, []
+    by_period = _items_by_period(plan)
+    subset_ids = {id(item) for period in stale for item in by_period[period]}
+    subset = [item for item in plan.items if id(item) in subset_ids]
+    partial = plan_with_items(loaded, subset, layout)
+    if set(partial.period_labels) != stale:  # the subset must make exactly those periods, or do it all
+        return plan, []
+    return partial, kept
+
+
+def timer_for(report: Any) -> Any:
+    """A stage timer that adds into ``report.stage_seconds``."""
+    from rasterflow.report import StageTimer
+
+    return StageTimer(report.stage_seconds)
+
+
+def report_fingerprint(report: Any, job_id: str) -> None:
+    """Record the output's fingerprint in the report (the COG's proof of origin; Zarr also keeps it in its attrs)."""
+    report.fingerprint = job_id
+
+
+def _input_hrefs(items: list[dict]) -> list[str]:
+    return [str(a.get("href")) for item in items for a in (item.get("assets") or {}).values()
+            if isinstance(a, dict) and a.get("href")]
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _worker_log_path(report_file: Path | None) -> str | None:
+    if report_file is None:
+        return None
+    name = report_file.name
+    stem = name[: -len(".report.json")] if name.endswith(".report.json") else report_file.stem
+    return str(report_file.with_name(stem + ".workers.log"))
+
+
+def _drop_if_empty(path: str | None) -> None:
+    """Remove the worker log when the workers said nothing (the usual case)."""
+    try:
+        if path and os.path.getsize(path) == 0:
+            os.remove(path)
+    except OSError:
+        pass
+
+
+def _what_is_left(fmt: str, output_path: str, counts: list[int]) -> str:
+    done, total = counts
+    if not total:
+        return "no block was finished; rerunning the same command starts it again"
+    if fmt == "zarr":
+        from rasterflow.write.common import zarr_staging_path
+
+        return (f"{done} of {total} blocks are kept in {zarr_staging_path(output_path)}; rerunning the same command "
+                f"resumes from there")
+    return (f"{done} of {total} blocks were computed; the temporary files were removed and rerunning the same "
+            f"command writes the COG again (COG writes do not resume)")
+
+
+def _report_destination(own: Path | None, state_dir: str | os.PathLike, name: str, *, committed: bool,
+                        lost_lock: bool, status: str, explicit: bool) -> Path:
+    """Beside the output when this run owns it (or ``--report`` was given), else ``<state_dir>/reports/``."""
+    from rasterflow.outputs import report_may_replace
+
+    if own is not None and (explicit or committed or (
+            not lost_lock and status not in ("up_to_date", "would_run")
+            and report_may_replace(str(own), committed=committed))):
+        return own
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return Path(state_dir) / "reports" / f"{name}-{stamp}-{os.getpid()}-{status}.report.json"
 
 
 def _leading_coords(plan: JobPlan) -> dict[str, list]:
@@ -234,77 +523,147 @@ def _record_plan(report: Any, plan: JobPlan) -> None:
     report.chunks = dict(plan.chunks)
     report.task_count = plan.report.task_count
     report.predicted_peak_per_worker = plan.report.peak_per_worker
+    report.predicted_client_peak = plan.report.client_peak
     report.memory_limit = plan.layout.memory_limit
 
 
-def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str, report: Any, timer: Any):
+def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str, report: Any, timer: Any, *,
+             replace: bool, emit: Emit, progress_stream: TextIO | None, interrupts: Interrupts, counts: list[int],
+             log_path: str | None):
     from rasterflow import graph, write
     from rasterflow.cluster import ClusterSettings, CountingProgress, MemorySampler, open_cluster
+    from rasterflow.logs import worker_log_env
+    from rasterflow.signals import start_resource_tracker_deaf_to_hangups
 
     spec = loaded.spec
+
+    def on_progress(done: int, total: int) -> None:
+        counts[:] = [done, total]
+        progress.update(done, total)
+        reads.check(done, total)  # source.on_read_error: nodata over its quota stops the run before the commit
+        if total and done >= total:
+            interrupts.defer()  # every block is computed: the writer now commits; a signal waits for it
+
+    start_resource_tracker_deaf_to_hangups()
     with ExitStack() as stack:
-        with timer("cluster start"):
+        with timer("cluster start"), worker_log_env(log_path):
             handle = stack.enter_context(open_cluster(ClusterSettings.from_spec(spec.cluster), plan.layout))
         report.cluster = handle.as_dict()
+        if log_path:
+            report.cluster["worker_log"] = log_path
         if handle.dashboard_link:
-            _echo(f"dashboard: {handle.dashboard_link}", err=True)
-        with MemorySampler(handle.client) as sampler:
+            emit("dashboard", {"link": handle.dashboard_link})
+        sampler = MemorySampler(handle.client)
+        stack.callback(report.record_memory, sampler)  # kept when the run fails or is interrupted (issue 10)
+        from rasterflow.read.policy import job_hrefs, policy_from_spec, read_monitor  # issue 9: retries, failures
+
+        reads = stack.enter_context(read_monitor(handle.client, policy_from_spec(spec.source, job_hrefs(plan)),
+                                                 job_hrefs(plan), report))
+        with sampler:
             timer.on_start = sampler.mark
             with timer("graph"):
                 dataset = graph.build_dataset(plan)
-            with timer("compute+write"), CountingProgress(label="blocks written") as progress:
+            progress = CountingProgress(label="blocks written", stream=progress_stream or _NullStream(),
+                                        interactive=None if progress_stream is not None else False)
+            with timer("compute+write"), progress:
+                description, encoding, options = _output_options(loaded, plan, fmt, output_path)
                 if fmt == "zarr":
-                    result = write.write_zarr(dataset, output_path, overwrite=spec.output.overwrite,
+                    result = write.write_zarr(dataset, output_path, overwrite=replace,
                                               compression=spec.output.compression, fingerprint=job_id,
-                                              client=handle.client, progress=progress.update)
+                                              client=handle.client, progress=on_progress, **options)
                 else:
-                    result = write.write_cog(dataset, output_path, overwrite=spec.output.overwrite,
+                    result = write.write_cog(dataset, output_path, overwrite=replace,
                                              compression=spec.output.compression,
                                              gdal_cachemax=parse_bytes(spec.cluster.gdal_cachemax),
-                                             client=handle.client, progress=progress.update)
+                                             client=handle.client, progress=on_progress, **options)
             timer.on_start = None
-        report.record_memory(sampler)
+    with timer("stac"):  # issue 12: after the data, so an item's presence means the output is complete
+        from rasterflow.report import library_versions
+        from rasterflow.write.stac import write_stac
+
+        write_stac(result, plan, description, output_path=output_path, encoding=encoding,
+                   software=library_versions(), catalog=loaded.resolve(spec.source.stac.catalog))
     if result.blocks_skipped:
-        _echo(f"resumed: {result.blocks_skipped} blocks were already written and skipped, "
-              f"{result.blocks_written} written now")
+        emit("resumed", {"skipped": result.blocks_skipped, "written": result.blocks_written})
     return result
 
 
-def profile_command(loaded: Any, *, flamegraph: str | None = None, use_memray: bool = True) -> int:
-    """``rasterflow profile``: one representative task in this process, measured vs the model's prediction."""
+def _output_options(loaded: Any, plan: JobPlan, fmt: str, output_path: str) -> tuple[Any, Any, dict]:
+    """Issue 12: the run's description, the resolved encoding and the writer options of ``spec.output``."""
+    from rasterflow.spec.timeparse import parse_datetime_window
+    from rasterflow.write.common import Encoding
+    from rasterflow.write.stac import cog_file_metadata, describe_run
+
+    spec = loaded.spec
+    out = spec.output
+    description = describe_run(plan, window=parse_datetime_window(spec.source.stac.datetime).resolve(),
+                               period=spec.reduce.period if spec.reduce else None, mask=spec.mask)
+    encoding = Encoding(dtype=out.encoding.dtype, scale=out.encoding.scale, offset=out.encoding.offset,
+                        nodata=out.encoding.nodata).resolved(plan.program.dtype if plan.program else "float32")
+    options: dict[str, Any] = {"encoding": encoding, "metadata": description.attrs()}
+    if fmt == "zarr":
+        options["zarr_format"] = out.zarr_format
+    else:
+        options.update(blocksize=out.cog.blocksize, resampling=out.cog.overview_resampling,
+                       predictor=out.cog.predictor,
+                       file_metadata=cog_file_metadata(description, output_path, plan))
+    return description, encoding, options
+
+
+class _NullStream:
+    """A text stream that drops what is written (no progress display)."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        return None
+
+    def isatty(self) -> bool:
+        return False
+
+
+def profile_command(loaded: Any, *, flamegraph: str | None = None, use_memray: bool = True,
+                    emit: Emit | None = None) -> list[str]:
+    """``rasterflow profile``: one representative task in this process, measured vs the model's prediction; returns
+    the lines to show."""
     from rasterflow.profile import profile_one_task
 
+    emit = emit or _no_emit
     spec = loaded.spec
     plan = plan_with_items(loaded, search(loaded), local_layout(spec))
     if not plan.report.ok:
-        _echo("warning: the budget check refuses this spec; profiling one task anyway", fg="yellow", err=True)
+        emit("warning", {"message": "the budget check refuses this spec; profiling one task anyway"})
     result = profile_one_task(plan, spec, use_memray=use_memray, flamegraph=flamegraph)
-    for line in result.lines():
-        _echo(line)
-    return ExitCode.OK
+    return list(result.lines())
 
 
-def demo_command(*, spec_path: Path | None = None, data_dir: Path | None = None) -> int:
-    """Generate the sample scenes where the demo spec expects them (if missing), then run it."""
-    from rasterflow.sample import generate_sample
+def demo_command(*, spec_path: Path | None = None, data_dir: Path | None = None, emit: Emit | None = None,
+                 out_dir: Path | None = None, **run_options: Any) -> RunResult:
+    """Generate the sample scenes where the demo spec expects them (if missing), then run it (``run_options`` go to
+    :func:`run_command`). Without ``spec_path`` the spec bundled in the package is copied into ``out_dir``
+    (default ``./rasterflow-demo``) and everything is written there."""
+    from rasterflow.sample import DEMO_FOLDER, generate_sample, write_demo_spec
     from rasterflow.spec import load_spec
 
-    spec_path = Path(spec_path) if spec_path else REPO_ROOT / "pipelines" / "demo.yaml"
+    spec_path = Path(spec_path) if spec_path else write_demo_spec(Path(out_dir) if out_dir else Path(DEMO_FOLDER))
     if not spec_path.exists():
-        raise RunFailedError(f"the demo spec {spec_path} is missing; run from a checkout of rasterflow or pass --spec")
+        raise RunFailedError(f"the demo spec {spec_path} is missing; pass an existing file to --spec")
     loaded = load_spec(spec_path)
     catalog = Path(loaded.resolve(loaded.spec.source.stac.catalog))
     target = Path(data_dir) if data_dir else catalog.parent
     started = time.perf_counter()
     sample = generate_sample(target)
-    _echo(f"sample scenes: {sample.directory} ({len(sample.item_ids)} dates, {time.perf_counter() - started:.1f} s)")
-    code = run_command(loaded)
-    if code == ExitCode.OK:
+    emit = emit or _no_emit
+    emit("sample", {"directory": str(sample.directory), "dates": len(sample.item_ids),
+                    "seconds": time.perf_counter() - started})
+    result = run_command(loaded, emit=emit, **run_options)
+    if result.exit_code == ExitCode.OK:
+        from rasterflow.write.stac import stac_paths
+
         output = loaded.resolve(loaded.spec.output.path)
-        _echo(f"\nresult: {output}", bold=True)
-        if loaded.spec.output.resolved_format == "zarr":
-            _echo(f'open it: python -c "import xarray as xr; print(xr.open_zarr(\'{output}\'))"')
-        else:
-            _echo(f"open it: rio info {output}  (or QGIS)")
-    return code
+        emit("demo_result", {"output": output, "format": loaded.spec.output.resolved_format,
+                             "folder": str(Path(spec_path).resolve().parent), "band": next(iter(loaded.spec.bands)),
+                             "stac_items": stac_paths(output)[1]})
+    return result
 

@@ -51,6 +51,7 @@ Only NumPy is imported at module level; rasterio and pyproj are imported when a 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 import contextlib
 import dataclasses
 import datetime as _dt
@@ -71,12 +72,18 @@ __all__ = [
     "CRS",
     "EPSG",
     "SCL_CLASSES",
+    "DEMO_FOLDER",
     "SampleCatalog",
+    "demo_spec_text",
     "generate_sample",
+    "write_demo_spec",
     "main",
 ]
 
 COLLECTION_ID = "sentinel-2-l2a-sample"
+
+#: Where ``rasterflow demo`` works when no ``--out`` is given: a folder of the current directory.
+DEMO_FOLDER = "rasterflow-demo"
 EPSG = 32633
 CRS = f"EPSG:{EPSG}"
 RESOLUTION = 10.0
@@ -276,6 +283,11 @@ def _manifest_files(directory: Path, manifest: dict) -> list[Path]:
     return files
 
 
+def _four(values: list) -> tuple[float, float, float, float]:
+    a, b, c, d = (float(v) for v in values)
+    return a, b, c, d
+
+
 def _catalog_from_manifest(directory: Path, manifest: dict) -> SampleCatalog:
     return SampleCatalog(
         directory=directory,
@@ -284,8 +296,8 @@ def _catalog_from_manifest(directory: Path, manifest: dict) -> SampleCatalog:
         collection_json=directory / "collection.json",
         item_ids=tuple(manifest["item_ids"]),
         crs=manifest["crs"],
-        bounds=tuple(float(v) for v in manifest["bounds"]),
-        bbox_wgs84=tuple(float(v) for v in manifest["bbox_wgs84"]),
+        bounds=_four(manifest["bounds"]),
+        bbox_wgs84=_four(manifest["bbox_wgs84"]),
     )
 
 
@@ -678,7 +690,7 @@ def _cloud_schedule(params: dict) -> list[dict]:
         cloudy = rng.choice(n, size=n_cloudy, replace=False)
         totals[cloudy] = rng.uniform(0.6, 0.85, n_cloudy)
     cirrus_on = rng.random(n) < 0.5
-    schedule = []
+    schedule: list[dict[str, Any]] = []
     for d in range(n):
         total = float(totals[d])
         crng = _rng(params["seed"], "cloud", d)
@@ -1014,6 +1026,32 @@ def _collection_dict(items: list[dict], bbox: tuple[float, ...], href: str) -> d
             {"rel": "root", "href": href, "type": "application/json"},
         ],
     }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The demo spec (package data, so it ships in every install)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def demo_spec_text() -> str:
+    """The demo spec bundled with the package (``rasterflow/data/demo.yaml``); its paths are relative to itself."""
+    from importlib.resources import files
+
+    return files("rasterflow").joinpath("data", "demo.yaml").read_text(encoding="utf-8")
+
+
+def write_demo_spec(folder: str | os.PathLike) -> Path:
+    """Copy the bundled demo spec to ``<folder>/demo.yaml`` (kept when it exists, so it can be edited and rerun).
+
+    The spec reads ``data/sample/items.json`` and writes ``out/`` relative to itself, so a demo run touches nothing
+    outside ``folder``.
+    """
+    folder = Path(folder).expanduser().resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = folder / "demo.yaml"
+    if not spec.exists():
+        _write_text(spec, demo_spec_text())
+    return spec
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "AssetRead", "AssetSource", "SourceTable", "MissingAsset", "missing_assets", "resolve_sources",
+    "AssetRead", "AssetSource", "FileHeader", "SourceTable", "MissingAsset", "missing_assets", "resolve_sources",
     "declared_metadata", "footprint_on_grid", "grid_offset",
 ]
 
@@ -92,6 +92,17 @@ class AssetSource:
     """``int`` or ``float``: what the mask sees of this asset."""
     applied: tuple[str, ...]
     """What was applied, for ``plan``: ``"uint16, nodata 0, scale 0.0001, offset -0.1 (raster:bands): 12 items"``."""
+
+
+@dataclass(frozen=True)
+class FileHeader:
+    """What one file's header says (read at plan time for assets whose items declare no raster metadata)."""
+
+    href: str
+    data_type: str
+    nodata: float | None
+    band_count: int
+    tile_shape: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -287,7 +298,8 @@ def _format_value(value: float | None) -> str:
 
 
 def resolve_sources(items: Sequence[Mapping[str, Any]], assets: Mapping[str, str], grid: Any, *,
-                    overrides: Mapping[str, Any] | None = None, working_dtype: str = "float32") -> SourceTable:
+                    overrides: Mapping[str, Any] | None = None, working_dtype: str = "float32",
+                    headers: Mapping[str, FileHeader] | None = None) -> SourceTable:
     """Resolve every item's assets: href, declared grid, data type, nodata, scale and offset, and per asset the
     dtype its planes load in.
 
@@ -302,7 +314,12 @@ def resolve_sources(items: Sequence[Mapping[str, Any]], assets: Mapping[str, str
     overrides : mapping of name -> AssetOverride, optional
         ``source.overrides`` of the spec.
     working_dtype : str
-        ``grid.dtype``: what assets of undeclared data type load in.
+        ``grid.dtype``: what assets of undeclared data type load in (when no header says otherwise).
+    headers : mapping of asset key -> FileHeader, optional
+        The header of one file per asset key (see :func:`rasterflow.catalog.source_header`). For an item that
+        declares no data type for the asset (Planetary Computer's Sentinel-2 items carry no ``raster:bands``), the
+        header's data type and, unless declared, its nodata stand in for the catalog's; each file is still checked
+        against them when it is opened.
     """
     import numpy as np
 
@@ -329,6 +346,12 @@ def resolve_sources(items: Sequence[Mapping[str, Any]], assets: Mapping[str, str
             if offset != 0 and properties.get("earthsearch:boa_offset_applied") is True:
                 notes.append(f"offset {offset:g} not applied: earthsearch:boa_offset_applied")
                 offset = 0.0
+            header = (headers or {}).get(key)
+            if header is not None and data_type is None:
+                data_type = header.data_type
+                if nodata is None:
+                    nodata = header.nodata
+                notes.append("type and nodata from the file header")
             if override is not None:
                 if override.scale is not None:
                     scale = float(override.scale)

@@ -344,10 +344,17 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_layering():
-    """timeparse imports only the standard library; the spec layer never imports the catalog."""
+    """timeparse imports only the standard library; the spec layer never imports the catalog; the catalog package
+    takes its time rules from timeparse (one rule for both) and never imports the runtime layers."""
     import rasterflow.spec.timeparse as timeparse
 
     assert _imports(Path(timeparse.__file__)) <= {"__future__", "calendar", "datetime", "re", "dataclasses"}
     for module in Path(timeparse.__file__).parent.glob("*.py"):
         assert not any(name.startswith("rasterflow.catalog") for name in _imports(module)), module
-    assert "rasterflow.spec.timeparse" in _imports(Path(catalog.__file__))
+    package = sorted(Path(catalog.__file__).parent.glob("*.py"))
+    assert {p.name for p in package} >= {"__init__.py", "query.py", "local.py", "api.py", "probe.py"}
+    imported = {path.name: _imports(path) for path in package}
+    assert "rasterflow.spec.timeparse" in imported["query.py"]
+    runtime = ("rasterflow.run", "rasterflow.graph", "rasterflow.cli", "rasterflow.write", "rasterflow.kernels")
+    for name, modules in imported.items():
+        assert not any(m.startswith(runtime) for m in modules), name

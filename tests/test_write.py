@@ -124,10 +124,11 @@ def assert_georeferenced(obj) -> None:
 # Zarr
 
 
-def test_zarr_round_trip_is_exact_and_georeferenced(tmp_path):
+@pytest.mark.parametrize("zarr_format", [None, 3])
+def test_zarr_round_trip_is_exact_and_georeferenced(tmp_path, zarr_format):
     ds, values = make_ds()
     path = str(tmp_path / "out" / "ndvi.zarr")
-    result = write_zarr(ds, path, fingerprint="fp-1")
+    result = write_zarr(ds, path, fingerprint="fp-1", **({"zarr_format": zarr_format} if zarr_format else {}))
 
     assert isinstance(result, WriteResult)
     assert result.paths == (path,) and result.format == "zarr"
@@ -135,9 +136,16 @@ def test_zarr_round_trip_is_exact_and_georeferenced(tmp_path):
     assert result.bytes_written == sum(len(b) for b in snapshot(path).values()) > 0
     assert sorted(os.listdir(tmp_path / "out")) == ["ndvi.zarr"]  # staging renamed away, nothing else left
     assert not os.path.exists(os.path.join(path, ".rasterflow"))
-    with open(os.path.join(path, "zarr.json")) as f:
-        root = json.load(f)
-    assert root["zarr_format"] == 3 and "consolidated_metadata" in root  # consolidated
+    if zarr_format == 3:
+        with open(os.path.join(path, "zarr.json")) as f:
+            root = json.load(f)
+        assert root["zarr_format"] == 3 and "consolidated_metadata" in root  # consolidated
+    else:  # the default: v2, consolidated in .zmetadata
+        with open(os.path.join(path, ".zgroup")) as f:
+            assert json.load(f)["zarr_format"] == 2
+        with open(os.path.join(path, ".zmetadata")) as f:
+            assert "ndvi/.zarray" in json.load(f)["metadata"]
+        assert not os.path.exists(os.path.join(path, "zarr.json"))
     assert is_complete_zarr(path)
 
     with warnings.catch_warnings():
@@ -182,10 +190,10 @@ def test_zarr_time_series_keeps_datetimes(tmp_path):
 
 @pytest.mark.parametrize("compression, codec", [("zstd", "zstd"), ("deflate", "gzip"), ("lz4", "blosc"),
                                                ("none", None)])
-def test_zarr_compression(tmp_path, compression, codec):
+def test_zarr_v3_compression(tmp_path, compression, codec):
     ds, values = make_ds(names=("ndvi",))
     path = str(tmp_path / "c.zarr")
-    write_zarr(ds, path, fingerprint="fp", compression=compression)
+    write_zarr(ds, path, fingerprint="fp", compression=compression, zarr_format=3)
     with open(os.path.join(path, "ndvi", "zarr.json")) as f:
         meta = json.load(f)
     names = [c["name"] for c in meta["codecs"]]
@@ -193,6 +201,22 @@ def test_zarr_compression(tmp_path, compression, codec):
     if codec == "blosc":
         assert meta["codecs"][1]["configuration"]["cname"] == "lz4"
     np.testing.assert_array_equal(xr.open_zarr(path)["ndvi"].values, values["ndvi"])
+
+
+@pytest.mark.parametrize("compression, codec", [("zstd", "zstd"), ("deflate", "zlib"), ("lz4", "blosc"),
+                                               ("none", None)])
+def test_zarr_v2_compression_opens_in_gdal(tmp_path, compression, codec):
+    ds, values = make_ds(names=("ndvi",))
+    path = str(tmp_path / "c.zarr")
+    write_zarr(ds, path, fingerprint="fp", compression=compression)
+    with open(os.path.join(path, "ndvi", ".zarray")) as f:
+        meta = json.load(f)
+    assert (meta["compressor"] or {}).get("id") == codec
+    if codec == "blosc":
+        assert meta["compressor"]["cname"] == "lz4"
+    np.testing.assert_array_equal(xr.open_zarr(path)["ndvi"].values, values["ndvi"])
+    with rasterio.open(f'ZARR:"{path}":/ndvi') as src:  # GDAL decodes every codec we write
+        np.testing.assert_array_equal(src.read(1), values["ndvi"])
 
 
 def test_zarr_lzw_falls_back_to_deflate_with_a_warning(tmp_path):
@@ -510,3 +534,149 @@ def test_cluster_cog_failure_cleans_up(tmp_path, client):
     with pytest.raises(RunFailedError, match="worker-side failure"):
         write_cog(ds, str(tmp_path / "f.tif"), client=client)
     assert os.listdir(tmp_path) == []
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# issue 12: GDAL-readable Zarr v2, encodings, COG options and tags
+
+
+def test_zarr_v2_is_georeferenced_for_gdal_with_leading_dims(tmp_path):
+    from pyproj import CRS as ProjCRS
+
+    lead = {"period": ["2024-06", "2024-07"]}
+    ds, values = make_ds(lead)
+    path = str(tmp_path / "p.zarr")
+    write_zarr(ds, path, fingerprint="fp", metadata={"rasterflow_method": "median", "rasterflow_item_count": 8})
+    with open(os.path.join(path, "ndvi", ".zattrs")) as f:
+        attrs = json.load(f)
+    assert ProjCRS.from_wkt(attrs["_CRS"]["wkt"]).to_epsg() == 32633  # GDAL's own CRS attribute
+    assert attrs["grid_mapping"] == "spatial_ref"  # CF, for xarray / rioxarray (GDAL reads it too)
+    with rasterio.open(f'ZARR:"{path}":/ndvi') as src:
+        assert src.crs == rasterio.crs.CRS.from_string(CRS) and src.transform == TRANSFORM
+        assert src.count == 2  # one band per period
+        assert [src.tags(b)["DIM_period_VALUE"] for b in (1, 2)] == lead["period"]
+        np.testing.assert_array_equal(src.read(), values["ndvi"])
+    out = xr.open_zarr(path)
+    assert out.attrs["rasterflow_method"] == "median" and out.attrs["rasterflow_item_count"] == 8
+    assert list(out["period"].values) == lead["period"]
+    assert_georeferenced(out)
+
+
+def test_zarr_int16_encoding_decodes_and_resumes(tmp_path):
+    from rasterflow.write.common import Encoding
+
+    values = np.clip(_values(9, SHAPE), -3, 3)
+    source = FaultySource(values, fail_blocks={(2, 1)})
+    path = str(tmp_path / "e.zarr")
+    encoding = Encoding(dtype="int16", scale=0.001, offset=0.5)
+    with dask.config.set(scheduler="synchronous"):
+        with pytest.raises(RunFailedError):
+            write_zarr(faulty_ds(source), path, fingerprint="enc", encoding=encoding)
+        source.failing = False
+        result = write_zarr(faulty_ds(source), path, fingerprint="enc", encoding=encoding)
+    assert result.blocks_skipped > 0  # the encoded staging store is resumable (its stored dtype is int16)
+    with open(os.path.join(path, "ndvi", ".zarray")) as f:
+        meta = json.load(f)
+    assert meta["dtype"] == "<i2" and meta["fill_value"] == -32768
+    out = xr.open_zarr(path)
+    assert out["ndvi"].encoding["scale_factor"] == 0.001 and out["ndvi"].encoding["add_offset"] == 0.5
+    np.testing.assert_array_equal(np.isnan(out["ndvi"].values), np.isnan(values))
+    np.testing.assert_allclose(out["ndvi"].values, values, atol=0.0005 + 1e-9, equal_nan=True)
+    np.testing.assert_allclose(out["water"].values, values * 2, atol=0.0005 + 1e-9, equal_nan=True)
+    with rasterio.open(f'ZARR:"{path}":/ndvi') as src:
+        assert src.scales == (0.001,) and src.offsets == (0.5,) and src.nodata == -32768
+        raw = src.read(1)
+    expected = np.where(np.isnan(values), -32768, np.rint((values.astype(np.float64) - 0.5) / 0.001))
+    np.testing.assert_array_equal(raw, expected.astype(np.int16))
+
+
+def test_zarr_staging_of_the_other_format_is_not_resumed(tmp_path):
+    source = FaultySource(_values(3, SHAPE), fail_blocks={(0, 0)})
+    path = str(tmp_path / "f.zarr")
+    with dask.config.set(scheduler="synchronous"):
+        with pytest.raises(RunFailedError):
+            write_zarr(faulty_ds(source), path, fingerprint="same", zarr_format=3)
+        source.failing = False
+        result = write_zarr(faulty_ds(source), path, fingerprint="same")
+    assert result.blocks_skipped == 0 and result.blocks_written == 2 * NBLOCKS
+    assert os.path.exists(os.path.join(path, ".zgroup")) and not os.path.exists(os.path.join(path, "zarr.json"))
+
+
+def test_encode_block_never_clips():
+    from rasterflow.write.common import Encoding, encode_block
+
+    enc = Encoding(dtype="uint8", scale=0.01).resolved("float32")
+    assert enc.nodata == 255 and enc.valid_range() == (0.0, 2.54)
+    np.testing.assert_array_equal(encode_block(np.array([0.0, 1.234, np.nan, 2.54]), enc), [0, 123, 255, 254])
+    with pytest.raises(ValueError, match="band 'ndvi'.*uint8.*0 .. 2.54"):
+        encode_block(np.array([0.5, -0.2]), enc, "ndvi")
+    with pytest.raises(ValueError, match="cannot hold"):
+        encode_block(np.array([2.55]), enc)  # would be stored as the nodata value
+    floats = Encoding(dtype="float32", nodata=-9999).resolved("float32")
+    np.testing.assert_array_equal(encode_block(np.array([1.5, np.nan], dtype=np.float32), floats), [1.5, -9999])
+    with pytest.raises(ValueError, match="not a valid int16 value"):
+        Encoding(dtype="int16", nodata=40000).resolved("float32")
+
+
+def test_cog_encoding_options_and_tags(tmp_path):
+    from rasterflow.write.common import Encoding
+
+    lead = {"period": ["2024-06", "2024-07"]}
+    ds, values = make_ds(lead, names=("ndvi",))
+    ds["ndvi"] = ds["ndvi"].clip(-1, 1)
+    ds["ndvi"].attrs["rasterflow_expression"] = "(nir - red) / (nir + red)"
+    path = str(tmp_path / "e.tif")
+    paths = cog_output_paths(path, ds)
+    result = write_cog(ds, path, encoding=Encoding(dtype="int16", scale=0.0001), blocksize=256, resampling="nearest",
+                       predictor="standard", metadata={"rasterflow_method": "median", "rasterflow_quantiles": [0.5]},
+                       file_metadata={paths[1]: {"rasterflow_item_count": 3}})
+    assert result.paths == tuple(paths)
+    for k, file_path in enumerate(paths):
+        valid, errors, _warnings = cog_validate(file_path, strict=True)
+        assert valid and not errors
+        with rasterio.open(file_path) as src:
+            assert src.dtypes == ("int16",) and src.nodata == -32768
+            assert src.scales == (0.0001,) and src.offsets == (0.0,)
+            assert src.block_shapes == [(256, 256)]
+            assert src.tags(ns="IMAGE_STRUCTURE").get("PREDICTOR") == "2"
+            tags = src.tags()
+            assert tags["rasterflow_method"] == "median" and json.loads(tags["rasterflow_quantiles"]) == [0.5]
+            assert tags["period"] == lead["period"][k]
+            assert ("rasterflow_item_count" in tags) == (k == 1)
+            assert src.tags(1)["rasterflow_expression"] == "(nir - red) / (nir + red)"
+            raw = src.read(1)
+        expected = np.clip(values["ndvi"][k], -1, 1)
+        decoded = np.where(raw == -32768, np.nan, raw * 0.0001)
+        np.testing.assert_array_equal(np.isnan(decoded), np.isnan(expected))
+        np.testing.assert_allclose(decoded, expected, atol=0.00005 + 1e-9, equal_nan=True)
+
+
+def test_cog_floating_point_predictor_refuses_integers(tmp_path):
+    from rasterflow.write.common import Encoding
+
+    ds, _ = make_ds(names=("ndvi",))
+    with pytest.raises(ValueError, match="floating_point"):
+        write_cog(ds, str(tmp_path / "x.tif"), encoding=Encoding(dtype="int16", scale=0.01),
+                  predictor="floating_point")
+    assert not os.listdir(tmp_path)
+
+
+def test_period_time_ranges_match_the_period_labels():
+    import datetime as dt
+
+    from rasterflow.kernels import period_labels
+    from rasterflow.write.stac import _period_bounds
+
+    utc = dt.timezone.utc
+    last = dt.timedelta(microseconds=1)
+    assert _period_bounds("2024-02", "month") == (dt.datetime(2024, 2, 1, tzinfo=utc),
+                                                  dt.datetime(2024, 3, 1, tzinfo=utc) - last)
+    assert _period_bounds("2024-12", "month")[1] == dt.datetime(2025, 1, 1, tzinfo=utc) - last
+    assert _period_bounds("2024", "year")[0] == dt.datetime(2024, 1, 1, tzinfo=utc)
+    # December counts to the next year's DJF, as period_labels says
+    days = np.arange(np.datetime64("2023-01-01"), np.datetime64("2025-12-31"), np.timedelta64(5, "D"))
+    for period in ("month", "season", "year"):
+        for day, label in zip(days, period_labels(list(days), period)):
+            start, end = _period_bounds(label, period)
+            instant = dt.datetime.fromisoformat(str(day)).replace(tzinfo=utc)
+            assert start <= instant <= end, (period, label, day)

@@ -59,7 +59,7 @@ from rasterflow.catalog.local import (
     _local_path,
     read_local_items,
 )
-from rasterflow.catalog.probe import source_tile_shape
+from rasterflow.catalog.probe import source_header, source_tile_shape, undeclared_headers
 from rasterflow.catalog.query import (
     QUERY_OPS,
     StacQuery,
@@ -90,7 +90,9 @@ __all__ = [
     "resolve_datetime",
     "restore_proj_epsg",
     "search_items",
+    "source_header",
     "source_tile_shape",
+    "undeclared_headers",
 ]
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -160,7 +162,7 @@ def search_items(
         items = _filter_local(local_all, q, interval)
 
     # One order for both paths; max_items keeps the N most recent = the first N of (datetime desc, id desc).
-    unique = {}
+    unique: dict[tuple[object, object], dict] = {}
     for item in items:
         unique.setdefault((item.get("collection"), item.get("id")), item)
     items = sorted(unique.values(), key=_sort_key)

@@ -1,6 +1,14 @@
 """STAC API search through pystac-client: conformance checks, a POST ``/search``, one-line error reasons.
 
 ``pystac_client`` (and ``cql2`` for a filter) are imported lazily, inside :func:`_search_api`.
+
+Every request (landing page, conformance, each page of the search, GET or POST) goes through one requests session
+whose adapter retries under the current :class:`~rasterflow.retry.RetryPolicy` (``source.retry``, made current by
+the caller with :func:`rasterflow.retry.using`): the policy's statuses (5xx, 429, 408), connection resets and
+timeouts, with exponential backoff and the server's ``Retry-After`` honoured (``urllib3.Retry``, given to
+pystac-client's ``StacApiIO`` through its public ``max_retries``). pystac-client's default retries only
+connection failures and GETs, so a single 503 on the POST search failed the run. A 4xx other than 408/429 is
+answered at once, naming the status.
 """
 
 from __future__ import annotations
@@ -66,16 +74,23 @@ def _search_api(
     timeout: float,
 ) -> list[dict]:
     from pystac_client import Client
+    from pystac_client.stac_api_io import StacApiIO
     from pystac_client.warnings import DoesNotConformTo
+
+    from rasterflow import retry
 
     url = q.catalog
     if q.query:
         _check_query(q.query)
     expr = _parse_filter(q.filter) if q.filter is not None else None
+    policy = retry.current()
+    # the policy's timeout bounds one request (a stalled answer is a timeout, retried); the caller's bounds it too
+    request_timeout = min(timeout, policy.timeout) if timeout else policy.timeout
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            client = Client.open(url, timeout=timeout)
+            stac_io = StacApiIO(timeout=request_timeout, max_retries=retry.urllib3_retry(policy))
+            client = Client.open(url, stac_io=stac_io, timeout=request_timeout)
     except Exception as exc:
         raise CatalogError(f"cannot open the STAC API at {url}: {_reason(exc)}") from exc
     conforms_to = list(client.get_conforms_to() or [])

@@ -5,22 +5,32 @@ the file's grid is the output grid (same CRS and resolution, whole-pixel offset)
 the file on the output grid. Files that the metadata places outside the chunk are not opened. A file that cannot be
 opened or read is an error naming the item, the asset and the href (:class:`~rasterflow.errors.SourceReadError`):
 never a silent hole.
+
+Remote files (http(s), s3, /vsi paths; :mod:`rasterflow.read.remote`) are read under the run's
+:class:`~rasterflow.read.policy.ReadPolicy`: an open and read that fails transiently (5xx, 429, a reset, a timeout)
+is tried again with backoff (``source.retry``), with GDAL's cached failure of that file cleared first; one that
+fails for good (404, 403, not a raster, tries used up) stops the run (``on_read_error: fail``) or leaves that file's
+part of the window missing (``nodata``), and is counted for the run report either way.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from rasterflow.errors import SourceReadError
+from rasterflow.errors import SourceMismatchError, SourceReadError
 from rasterflow.kernels import Planes
-from rasterflow.read.datasets import GDAL_OPEN_OPTIONS, open_source, reason, warped_source
-from rasterflow.sources import AssetRead, AssetSource, grid_offset
+from rasterflow.read.datasets import GDAL_OPEN_OPTIONS, failure_error, forget, open_source, reason, warped_source
+from rasterflow.read.policy import ReadPolicy, current_policy, failed_before, record_failure, record_retry
+from rasterflow.read.remote import Failure, ReadFailedError, classify
+from rasterflow.retry import retrying
+from rasterflow.sources import AssetRead, AssetSource, FileHeader, grid_offset
 
-__all__ = ["ReadJob", "read_planes", "read_asset"]
+__all__ = ["ReadJob", "read_planes", "read_asset", "read_header", "header_reader", "GDAL_OPEN_OPTIONS"]
 
 
 @dataclass(frozen=True)
@@ -57,24 +67,91 @@ def read_planes(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int]) -> P
         covered.append(np.zeros((n_items, height, width), dtype=bool) if fill is None else None)
         if fill is not None:
             nodata[:, a] = fill  # what an item whose file misses the chunk holds there
-    with rasterio.Env(**GDAL_OPEN_OPTIONS):
+    policy = current_policy()
+    with rasterio.Env(**policy.gdal_options()):
         for t, item_reads in enumerate(job.reads):
             for a, read in enumerate(item_reads):
                 if read is None:
                     continue
                 nodata[t, a] = math.nan if read.nodata is None else read.nodata
                 scale[t, a], offset[t, a] = read.scale, read.offset
-                plane_covered = covered[a][t] if covered[a] is not None else None
-                read_asset(read, job.grid, job.resampling, job.assets[a].fill, rows, cols, raw[a][t], plane_covered)
+                coverage = covered[a]
+                plane_covered = coverage[t] if coverage is not None else None
+                fill = job.assets[a].fill
+                try:
+                    read_asset(read, job.grid, job.resampling, fill, rows, cols, raw[a][t], plane_covered,
+                               policy=policy)
+                    if read.nodata is None:
+                        # the item declares none: the file's own nodata holds (where a warp ran, it is NaN
+                        # already); the file is open now (read_asset retried its open), so this costs no request
+                        file_nodata = open_source(read, policy=policy).nodata
+                        if file_nodata is not None:
+                            nodata[t, a] = file_nodata
+                except SourceMismatchError:
+                    raise  # the file contradicts its metadata: a wrong result, never a hole
+                except SourceReadError as err:
+                    record_failure(policy, read, err)
+                    if policy.on_read_error != "nodata":
+                        raise
+                    # as if the item had no file here: the fill value / not covered, so the kernels mask it
+                    raw[a][t][...] = 0 if fill is None else fill
+                    if plane_covered is not None:
+                        plane_covered[...] = False
+                    nodata[t, a] = math.nan if fill is None else fill
+                    scale[t, a], offset[t, a] = 1.0, 0.0
     return Planes(raw=tuple(raw), covered=tuple(covered), nodata=nodata, scale=scale, offset=offset)
 
 
 def read_asset(read: AssetRead, grid: Any, resampling: str, fill: float | None, rows: tuple[int, int],
-               cols: tuple[int, int], out: np.ndarray, covered: np.ndarray | None) -> None:
-    """Read one file's part of the output window into ``out`` (a ``(y, x)`` plane); mark ``covered`` pixels."""
+               cols: tuple[int, int], out: np.ndarray, covered: np.ndarray | None, *,
+               policy: ReadPolicy | None = None) -> None:
+    """Read one file's part of the output window into ``out`` (a ``(y, x)`` plane); mark ``covered`` pixels.
+
+    Transient failures are retried under ``policy.retry`` (default: the process's policy), each retry on a fresh
+    open of the file; the error that ends the tries says how many were made.
+    """
+    policy = policy or current_policy()
+    earlier = failed_before(policy, read.href)
+    if earlier is not None:
+        # failed for good in an earlier window of this run: the same answer at once, without hammering the
+        # server again, and with nodata the file is missing in every window of this worker, not only some
+        raise ReadFailedError(earlier["error"], href=read.href, status=earlier["status"], transient=False,
+                              attempts=earlier["attempts"])
+    last: list[Failure | None] = [None]  # the failure of the try before: classify() gives "unreadable" one retry
+
+    def transient(err: BaseException) -> bool:
+        if isinstance(err, ReadFailedError):
+            last[0] = err.failure
+            return err.transient
+        return False
+
+    def before_retry(attempt: int, err: BaseException) -> None:
+        record_retry(policy, read.href)
+        forget(read.href)
+
+    attempt = 0
+    try:
+        for trying in retrying(policy.retry, transient, before_retry):
+            with trying:
+                attempt = trying.retry_state.attempt_number
+                _read_once(read, grid, resampling, fill, rows, cols, out, covered, policy, fresh=attempt > 1,
+                           previous=last[0])
+    except ReadFailedError as err:
+        forget(read.href)  # a broken handle must not serve the next window
+        if attempt > 1:
+            why = "transient failures" if err.transient else "then a failure that is not transient"
+            err = ReadFailedError(f"{err} (gave up after {attempt} tries: {why}; source.retry.attempts is "
+                                  f"{policy.retry.attempts})", href=err.href, status=err.status,
+                                  transient=err.transient, attempts=attempt)
+        raise err from None
+
+
+def _read_once(read: AssetRead, grid: Any, resampling: str, fill: float | None, rows: tuple[int, int],
+               cols: tuple[int, int], out: np.ndarray, covered: np.ndarray | None, policy: ReadPolicy, *,
+               fresh: bool, previous: Failure | None) -> None:
     from rasterio.windows import Window
 
-    dataset = open_source(read)
+    dataset = open_source(read, fresh=fresh, policy=policy, previous=previous)
     try:
         direct = _direct_offset(dataset, grid)
         if direct is not None:
@@ -92,7 +169,7 @@ def read_asset(read: AssetRead, grid: Any, resampling: str, fill: float | None, 
             if covered is not None:
                 covered[r0 - rows[0]:r1 - rows[0], c0 - cols[0]:c1 - cols[0]] = True
             return
-        vrt = warped_source(read, grid, resampling, fill)
+        vrt = warped_source(read, grid, resampling, fill, policy=policy)
         window = Window(cols[0], rows[0], cols[1] - cols[0], rows[1] - rows[0])
         if covered is not None:
             data = vrt.read((1, vrt.count), window=window)
@@ -103,10 +180,60 @@ def read_asset(read: AssetRead, grid: Any, resampling: str, fill: float | None, 
     except SourceReadError:
         raise
     except Exception as err:  # a truncated or corrupt file, a network failure mid-read
-        raise SourceReadError(f"cannot read {read.describe()}: {reason(err)}") from None
+        failure = classify(reason(err), read.href, policy.retry, opening=False)
+        raise failure_error("read", read, failure) from None
 
 
 def _direct_offset(dataset: Any, grid: Any) -> tuple[int, int] | None:
     """Where the file's first pixel lies on the output grid, from the file itself (see :func:`grid_offset`)."""
     crs = dataset.crs.to_string() if dataset.crs is not None else None
     return grid_offset(crs, tuple(dataset.transform)[:6], grid)
+
+
+def read_header(read: AssetRead, policy: ReadPolicy | None = None) -> FileHeader:
+    """The header of ``read``'s file (data type, nodata, bands, tile shape; no pixels), opened as the reader opens
+    files: signed, with the run's GDAL options, transient failures retried. Raises
+    :class:`~rasterflow.errors.SourceReadError` naming the file."""
+    policy = policy or current_policy()
+    last: list[Failure | None] = [None]
+
+    def transient(err: BaseException) -> bool:
+        if isinstance(err, ReadFailedError):
+            last[0] = err.failure
+            return err.transient
+        return False
+
+    def before_retry(attempt: int, err: BaseException) -> None:
+        forget(read.href)
+
+    dataset: Any = None
+    for trying in retrying(policy.retry, transient, before_retry):
+        with trying:
+            attempt = trying.retry_state.attempt_number
+            dataset = open_source(read, fresh=attempt > 1, policy=policy, previous=last[0])
+    try:
+        tile = tuple(dataset.block_shapes[0]) if dataset.profile.get("tiled", False) else None
+        return FileHeader(href=read.href, data_type=str(dataset.dtypes[0]),
+                          nodata=None if dataset.nodata is None else float(dataset.nodata),
+                          band_count=int(dataset.count), tile_shape=tile)  # type: ignore[arg-type]
+    finally:
+        forget(read.href)  # planning runs in the client: keep no handle there
+
+
+def header_reader(policy: ReadPolicy | None = None) -> Callable[[Mapping[str, Any], str], FileHeader | None]:
+    """``read(item, asset_key)`` for :func:`rasterflow.catalog.undeclared_headers`: the file's header via
+    :func:`read_header`, None when it cannot be read (the run names the file when it needs its pixels)."""
+
+    def read(item: Mapping[str, Any], key: str) -> FileHeader | None:
+        href = str(((item.get("assets") or {}).get(key) or {}).get("href") or "")
+        if not href:
+            return None
+        asset = AssetRead(item_id=str(item.get("id")), name=key, key=key, href=href, data_type=None, nodata=None,
+                          scale=1.0, offset=0.0, crs=None, transform=None, shape=None, band_count=None,
+                          footprint=None, direct=False)
+        try:
+            return read_header(asset, policy)
+        except (SourceReadError, SourceMismatchError):
+            return None
+
+    return read

@@ -14,25 +14,22 @@ from collections import OrderedDict
 from typing import Any
 
 from rasterflow.errors import SourceMismatchError, SourceReadError
+from rasterflow.gdalenv import REMOTE_READ_DEFAULTS, VSI_CACHE_SIZE  # noqa: F401  (VSI_CACHE_SIZE: re-exported)
+from rasterflow.read.policy import ReadPolicy, current_policy
+from rasterflow.read.remote import Failure, ReadFailedError, cache_busting_options, classify, vsi_path
 from rasterflow.sources import AssetRead
 
-__all__ = ["MAX_OPEN_PER_THREAD", "GDAL_OPEN_OPTIONS", "open_source", "warped_source", "reason", "clear_cache", "open_count"]
+__all__ = ["MAX_OPEN_PER_THREAD", "GDAL_OPEN_OPTIONS", "open_source", "warped_source", "reason", "clear_cache",
+           "open_count", "forget", "failure_error"]
 
 MAX_OPEN_PER_THREAD = 512
 """Open datasets one thread keeps (least recently used closed first): a task reads every date of every asset, so
 the bound must hold one chunk's files (36 dates x 3 assets = 108) to avoid reopening them for every chunk."""
 
-VSI_CACHE_SIZE = 1_000_000
-"""Bytes of file cache GDAL keeps per open file. GDAL's default is 25 MB *per file handle*, and files stay open for
-the job (108 files -> 2.7 GB per thread); 1 MB holds a COG header and its tile index."""
-
-GDAL_OPEN_OPTIONS = {
-    "GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR",
-    "VSI_CACHE": True,
-    "VSI_CACHE_SIZE": VSI_CACHE_SIZE,
-    "GDAL_HTTP_MERGE_CONSECUTIVE_RANGES": "YES",
-}
-"""Set around every open: no directory listing (a COG needs none), a small per-file cache, merged ranges."""
+GDAL_OPEN_OPTIONS = dict(REMOTE_READ_DEFAULTS)
+"""The defaults set around every open (:data:`rasterflow.gdalenv.REMOTE_READ_DEFAULTS`: no directory listing, a
+small per-file cache, merged ranges, HTTP/2 multiplexing, no silent GDAL retries); a run's reads use its
+:meth:`~rasterflow.read.policy.ReadPolicy.gdal_options`, which also leave alone what the environment sets."""
 
 _local = threading.local()
 
@@ -57,6 +54,17 @@ def clear_cache() -> None:
         dataset.close()
 
 
+def forget(href: str) -> None:
+    """Close and drop this thread's open dataset of ``href`` and the WarpedVRTs made from it (before a retry)."""
+    cache = _cache()
+    for key in [k for k in cache if k[1] == href]:
+        dataset = cache.pop(key)
+        try:
+            dataset.close()
+        except Exception:  # a handle broken by the failure that made us forget it
+            pass
+
+
 def _remember(key: Any, dataset: Any) -> Any:
     cache = _cache()
     cache[key] = dataset
@@ -78,22 +86,51 @@ def reason(err: BaseException) -> str:
     return ": ".join(parts)
 
 
-def open_source(read: AssetRead) -> Any:
-    """The open, checked rasterio dataset of ``read.href`` (cached in this thread)."""
+def failure_error(action: str, read: AssetRead, failure: Failure) -> ReadFailedError:
+    """The error of a failed open or read: item, asset, href, then the HTTP status or GDAL's words."""
+    return ReadFailedError(f"cannot {action} {read.describe()}: {failure.reason}", href=read.href,
+                           status=failure.status, transient=failure.transient, unreadable=failure.unreadable)
+
+
+def _signed(read: AssetRead, policy: ReadPolicy) -> str:
+    """The href, signed when the run has a signer (right before it is opened: tokens expire)."""
+    if not policy.sign:
+        return read.href
+    from rasterflow.read.signing import get_signer
+
+    return get_signer(policy.sign)(read.href)
+
+
+def open_source(read: AssetRead, *, fresh: bool = False, policy: ReadPolicy | None = None,
+                previous: Failure | None = None) -> Any:
+    """The open, checked rasterio dataset of ``read.href`` (cached in this thread).
+
+    ``fresh``: a retry; whatever this thread and GDAL cached about the file (a failed open included) is dropped
+    first. A failure is a :class:`~rasterflow.read.remote.ReadFailedError` that says whether it is transient
+    (``previous`` is the failure of the try before, see :func:`~rasterflow.read.remote.classify`).
+    """
     import rasterio
 
+    policy = policy or current_policy()
     key = ("file", read.href)
     cache = _cache()
-    if key in cache:
+    if fresh:
+        forget(read.href)
+    elif key in cache:
         cache.move_to_end(key)
         return cache[key]
     if not read.href:
         raise SourceReadError(f"{read.describe()}: the asset has no href")
+    signed = _signed(read, policy)
+    path = vsi_path(signed)
+    options = {**policy.gdal_options(), **(cache_busting_options(signed) if fresh else {})}
     try:
-        with rasterio.Env(**GDAL_OPEN_OPTIONS):
-            dataset = rasterio.open(read.href)
+        with rasterio.Env(**options):
+            dataset = rasterio.open(path)
     except Exception as err:  # RasterioIOError, CPLE_*: any failure to open is the same to the user
-        raise SourceReadError(f"cannot open {read.describe()}: {reason(err)}") from None
+        detail = reason(err).replace(path, vsi_path(read.href))  # never a signed URL's token in a message
+        failure = classify(detail, read.href, policy.retry, opening=True, previous=previous, probe_href=signed)
+        raise failure_error("open", read, failure) from None
     try:
         check_against_metadata(read, dataset)
     except SourceMismatchError:
@@ -136,7 +173,8 @@ def check_against_metadata(read: AssetRead, dataset: Any) -> None:
         raise SourceMismatchError(f"{read.describe()} contradicts its item's metadata: " + "; ".join(problems))
 
 
-def warped_source(read: AssetRead, grid: Any, resampling: str, fill: float | None) -> Any:
+def warped_source(read: AssetRead, grid: Any, resampling: str, fill: float | None, *,
+                  policy: ReadPolicy | None = None) -> Any:
     """A WarpedVRT of the file on the output grid (cached in this thread); with ``fill`` None it carries an alpha
     band that says which pixels the file covers."""
     from affine import Affine
@@ -148,7 +186,7 @@ def warped_source(read: AssetRead, grid: Any, resampling: str, fill: float | Non
     if key in cache:
         cache.move_to_end(key)
         return cache[key]
-    dataset = open_source(read)
+    dataset = open_source(read, policy=policy)
     options: dict[str, Any] = dict(
         crs=grid.crs, transform=Affine(*grid.transform), width=grid.shape[1], height=grid.shape[0],
         resampling=Resampling[resampling],
@@ -158,7 +196,9 @@ def warped_source(read: AssetRead, grid: Any, resampling: str, fill: float | Non
     if fill is None:
         options["add_alpha"] = True
     else:
-        options["nodata"] = fill
+        # the source's nodata value, not NaN, where it has one: the mask sees the raw values as a direct read does
+        file_nodata = read.nodata if read.nodata is not None else dataset.nodata
+        options["nodata"] = fill if file_nodata is None else file_nodata
     try:
         vrt = WarpedVRT(dataset, **options)
     except Exception as err:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from pydantic import BaseModel, ValidationError
 
@@ -70,15 +71,19 @@ class LoadedSpec:
     spec : Spec
         The validated model.
     sha256 : str
-        Hash of the file's bytes, for the run report.
+        Hash of the file's bytes and of the values its ``${VAR}`` references got (the spec *after* variables), for
+        the run report and the output's fingerprint.
     positions : LoadedYaml
         Key positions, so later stages (the budget check) can point at a line.
+    variables : dict
+        Each variable the spec used and its value.
     """
 
     path: Path
     spec: models.Spec
     sha256: str
     positions: LoadedYaml
+    variables: dict[str, str] = field(default_factory=dict)
 
     @property
     def base_dir(self) -> Path:
@@ -99,8 +104,12 @@ class LoadedSpec:
         return f"{self.path}:{position.line}:{position.column}"
 
 
-def load_spec(path: str | os.PathLike) -> LoadedSpec:
+def load_spec(path: str | os.PathLike, *, variables: Mapping[str, str] | None = None,
+              environ: Mapping[str, str] | None = None) -> LoadedSpec:
     """Read and validate a spec file.
+
+    ``${VAR}`` / ``${VAR:-default}`` references are replaced from ``variables`` (``--var KEY=VALUE``), then from
+    ``environ`` (default: the process environment).
 
     Raises
     ------
@@ -126,16 +135,21 @@ def load_spec(path: str | os.PathLike) -> LoadedSpec:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise SpecError(SpecIssue(shown, None, None, "", f"not UTF-8 text (byte {err.start}); save the spec as UTF-8")) from None
-    return load_spec_text(text, path=path, sha256=hashlib.sha256(raw).hexdigest())
+    return load_spec_text(text, path=path, sha256=hashlib.sha256(raw).hexdigest(), variables=variables,
+                          environ=environ)
 
 
-def load_spec_text(text: str, *, path: str | os.PathLike = "<spec>", sha256: str | None = None) -> LoadedSpec:
-    """Validate spec text; ``path`` is used in messages and to resolve relative paths."""
+def load_spec_text(text: str, *, path: str | os.PathLike = "<spec>", sha256: str | None = None,
+                   variables: Mapping[str, str] | None = None,
+                   environ: Mapping[str, str] | None = None) -> LoadedSpec:
+    """Validate spec text; ``path`` is used in messages and to resolve relative paths; variables as in
+    :func:`load_spec`."""
     path = Path(path)
     shown = str(path)
     sha256 = sha256 or hashlib.sha256(text.encode()).hexdigest()
+    lookup = {**(os.environ if environ is None else environ), **(variables or {})}
     try:
-        loaded = load_yaml_with_positions(text)
+        loaded = load_yaml_with_positions(text, lookup)
     except YamlProblem as problem:
         line = problem.position.line if problem.position else None
         column = problem.position.column if problem.position else None
@@ -155,7 +169,32 @@ def load_spec_text(text: str, *, path: str | os.PathLike = "<spec>", sha256: str
             issues += _expression_issues(loaded, shown)
         issues.sort(key=lambda i: (i.line or 0, i.column or 0))
         raise SpecError(issues) from None
-    return LoadedSpec(path=path, spec=spec, sha256=sha256, positions=loaded)
+    _check_output_placeholders(spec, loaded, shown)
+    if spec.output.if_exists == "update" and not (spec.output.resolved_format == "cog" and spec.reduce is not None
+                                                  and spec.reduce.period):
+        raise SpecError(_issue(shown, loaded, ("output", "if_exists"),
+                               "update recomputes single periods, so it needs a COG output (one file per period) and "
+                               "reduce.period; use skip to recompute the whole output when its inputs changed"))
+    if loaded.variables_used:  # the same file with other values is another spec: another fingerprint
+        sha256 = hashlib.sha256((sha256 + json.dumps(loaded.variables_used, sort_keys=True)).encode()).hexdigest()
+    return LoadedSpec(path=path, spec=spec, sha256=sha256, positions=loaded, variables=dict(loaded.variables_used))
+
+
+def _check_output_placeholders(spec: models.Spec, loaded: LoadedYaml, shown: str) -> None:
+    """``{start}`` / ``{end}`` in output.path: checked now (validate), with any dates, not first at run time."""
+    import datetime as dt
+
+    from rasterflow.outputs import render_output_path, window_of
+
+    path = spec.output.path
+    if "{" not in path and "}" not in path:
+        return
+    start, end = window_of(spec.source.stac.datetime, dt.datetime.now(dt.timezone.utc))  # validated: parses
+    try:
+        render_output_path(path, start, end)
+    except SpecError as err:
+        message = err.issues[0].message
+        raise SpecError(_issue(shown, loaded, ("output", "path"), message)) from None
 
 
 def _issue(shown: str, loaded: LoadedYaml, loc: tuple, message: str, *, value_position: bool = False) -> SpecIssue:
@@ -165,7 +204,7 @@ def _issue(shown: str, loaded: LoadedYaml, loc: tuple, message: str, *, value_po
 
 
 def _issues_from_validation(err: ValidationError, loaded: LoadedYaml, shown: str) -> list[SpecIssue]:
-    grouped: dict[tuple, list[dict]] = {}
+    grouped: dict[tuple, list[Any]] = {}
     for error in err.errors(include_url=False):
         loc = tuple(error["loc"])
         located = error.get("ctx", {}).get("error")

@@ -7,6 +7,7 @@ Every field carries a description so the generated JSON Schema documents itself 
 from __future__ import annotations
 
 import keyword
+import math
 import re
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
@@ -30,12 +31,15 @@ from rasterflow.units import parse_bytes
 __all__ = [
     "Spec",
     "Source",
+    "SourceRetry",
     "StacSource",
     "AssetOverride",
     "Grid",
     "Chunks",
     "Reduce",
     "Output",
+    "OutputEncoding",
+    "CogOptions",
     "Cluster",
     "MemoryThresholds",
     "Budget",
@@ -162,6 +166,39 @@ class AssetOverride(_Model):
     )
 
 
+class SourceRetry(_Model):
+    """How requests to the STAC API and to remote files (http/https/s3) are retried when they fail transiently."""
+
+    attempts: Annotated[StrictInt, Field(ge=1, le=20)] = Field(
+        default=5, description="Tries in all, the first included (1 = never retry)."
+    )
+    backoff: Annotated[StrictFloat | StrictInt, Field(ge=0, le=300)] = Field(
+        default=0.5, description="Seconds to wait before the second try."
+    )
+    backoff_factor: Annotated[StrictFloat | StrictInt, Field(ge=1, le=10)] = Field(
+        default=2, description="Each further wait is this many times the one before."
+    )
+    max_delay: Annotated[StrictFloat | StrictInt, Field(ge=0, le=3600)] = Field(
+        default=20, description="No wait is longer than this many seconds (a server's Retry-After included)."
+    )
+    statuses: list[Annotated[StrictInt, Field(ge=400, le=599)]] = Field(
+        default_factory=lambda: [408, 429, 500, 502, 503, 504],
+        description="HTTP statuses that are transient and retried; connection resets and timeouts always are, "
+        "404/403 and files that are not rasters never.",
+    )
+    timeout: Annotated[StrictFloat | StrictInt, Field(gt=0, le=3600)] = Field(
+        default=60, description="Seconds one request may take before it counts as a (transient) timeout."
+    )
+
+    @field_validator("statuses")
+    @classmethod
+    def _check_statuses(cls, statuses: list[int]) -> list[int]:
+        permanent = sorted(set(statuses) & {400, 401, 403, 404, 410})
+        if permanent:
+            raise ValueError(f"{permanent[0]} is not a transient status (retrying cannot fix it); remove it")
+        return statuses
+
+
 class Source(_Model):
     """The input: a STAC search and the assets to load from each item."""
 
@@ -180,6 +217,25 @@ class Source(_Model):
         description="Per asset name (a key of assets): scale, offset, nodata or data_type to use instead of the "
         "catalog's metadata, or ignore_catalog: true.",
     )
+    retry: SourceRetry = Field(
+        default_factory=SourceRetry,
+        description="Retries of STAC API requests and remote file reads (5xx, 429, resets, timeouts).",
+    )
+    on_read_error: Literal["fail", "nodata"] = Field(
+        default="fail",
+        description="A file that cannot be read (after its retries): fail = stop the run naming it; nodata = treat "
+        "it as missing and go on (the run report lists it; see max_failed_fraction).",
+    )
+    max_failed_fraction: Annotated[StrictFloat | StrictInt, Field(ge=0, le=1)] = Field(
+        default=0,
+        description="With on_read_error: nodata, the share of the job's files that may fail; more stops the run "
+        "(exit 1, before the output is committed, every failed file listed); 0 = none may fail.",
+    )
+    sign: Annotated[StrictStr, Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")] | None = Field(
+        default=None,
+        description="Sign asset hrefs before opening them: planetary-computer (needs the planetary-computer "
+        "package), or a signer a package registers under the rasterflow.signers entry point.",
+    )
 
     @field_validator("assets")
     @classmethod
@@ -194,6 +250,13 @@ class Source(_Model):
             if name not in self.assets:
                 raise _LocatedError(("overrides", name), f"{name!r} is not an asset name; the assets are "
                                     f"{', '.join(self.assets)}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_failure_policy(self) -> Source:
+        if self.max_failed_fraction and self.on_read_error == "fail":
+            raise _LocatedError(("max_failed_fraction",), "applies only with on_read_error: nodata (with fail the "
+                                "first unreadable file stops the run); set on_read_error: nodata or remove it")
         return self
 
     def asset_kind(self, name: str) -> str | None:
@@ -236,6 +299,8 @@ class Grid(_Model):
     def _check_bounds(cls, bounds: list[float] | None) -> list[float] | None:
         if bounds is not None:
             minx, miny, maxx, maxy = bounds
+            if not all(math.isfinite(b) for b in bounds):
+                raise ValueError(f"every bound must be a finite number (got {bounds}); .nan and .inf are not bounds")
             if minx >= maxx or miny >= maxy:
                 raise ValueError(f"need minx < maxx and miny < maxy (got {bounds}; order: minx, miny, maxx, maxy)")
         return bounds
@@ -303,6 +368,52 @@ class Reduce(_Model):
         return tuple(self.q) if isinstance(self.q, list) else (self.q,)
 
 
+OUTPUT_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "float64")
+COG_RESAMPLINGS = ("nearest", "average", "bilinear", "cubic", "cubicspline", "lanczos", "mode", "rms")
+
+
+class OutputEncoding(_Model):
+    """How values are stored: ``stored = round((value - offset) / scale)``; readers get ``stored * scale + offset``."""
+
+    dtype: Literal[OUTPUT_DTYPES] | None = Field(  # type: ignore[valid-type]
+        default=None, description="Stored data type, e.g. int16 (half the size of float32); default: grid.dtype."
+    )
+    scale: StrictFloat | StrictInt = Field(
+        default=1, description="Physical units per stored unit, e.g. 0.0001 stores NDVI 0.1234 as 1234."
+    )
+    offset: StrictFloat | StrictInt = Field(default=0, description="Added after scaling when reading.")
+    nodata: StrictFloat | StrictInt | None = Field(
+        default=None, description="Stored value of a missing pixel; default NaN for floats, the minimum (signed) or "
+        "maximum (unsigned) of an integer dtype. A valid value that does not fit fails the run (never clipped).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> OutputEncoding:
+        if self.scale == 0:
+            raise _LocatedError(("scale",), "scale must not be 0")
+        if self.dtype and self.dtype[0] in "ui" and self.nodata is not None:
+            bits = int(self.dtype.lstrip("uint"))
+            lo, hi = (0, 2**bits - 1) if self.dtype.startswith("u") else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+            if not float(self.nodata).is_integer() or not lo <= self.nodata <= hi:
+                raise _LocatedError(("nodata",), f"{self.nodata} is not a valid {self.dtype} value ({lo}..{hi})")
+        return self
+
+
+class CogOptions(_Model):
+    """Cloud-Optimized GeoTIFF layout."""
+
+    blocksize: Annotated[StrictInt, Field(ge=16, le=4096, multiple_of=16)] = Field(
+        default=512, description="Tile edge in pixels, a multiple of 16."
+    )
+    overview_resampling: Literal[COG_RESAMPLINGS] = Field(  # type: ignore[valid-type]
+        default="average", description="Overview resampling: average suits continuous values, nearest/mode classes."
+    )
+    predictor: Literal["auto", "none", "standard", "floating_point"] = Field(
+        default="auto", description="TIFF predictor: auto = standard for integers, floating_point for floats "
+        "(none without compression)."
+    )
+
+
 class Output(_Model):
     """Where and how the result is written."""
 
@@ -312,10 +423,39 @@ class Output(_Model):
     format: Literal["zarr", "cog"] | None = Field(
         default=None, description="zarr | cog; default from the path's extension (.zarr / .tif)."
     )
-    overwrite: StrictBool = Field(default=False, description="Replace existing output; never done unless asked.")
+    overwrite: StrictBool | None = Field(
+        default=None, description="Old spelling of if_exists: true = overwrite, false = error."
+    )
+    if_exists: Literal["error", "skip", "overwrite", "update"] | None = Field(
+        default=None,
+        description="When the output exists: error (default) = refuse; skip = keep it when up to date (same "
+        "fingerprint: spec, items and their updated times, rasterflow version), recompute when not; update = as "
+        "skip, but recompute only the periods whose items changed (COG output with reduce.period); overwrite = "
+        "always recompute. Only a rasterflow output is ever replaced.",
+    )
     compression: Literal[COMPRESSION_CODECS] = Field(  # type: ignore[valid-type]
         default="zstd", description="Compression codec of the written chunks or tiles."
     )
+    zarr_format: Literal[2, 3] = Field(
+        default=2, description="Zarr format: 2 opens in GDAL/QGIS and xarray; 3 in xarray only (GDAL 3.10 fails)."
+    )
+    encoding: OutputEncoding = Field(
+        default_factory=OutputEncoding, description="Stored dtype, scale, offset and nodata of the bands."
+    )
+    cog: CogOptions = Field(default_factory=CogOptions, description="COG tile size, overviews and predictor.")
+
+    @model_validator(mode="after")
+    def _check_output_options(self) -> Output:
+        fmt = self.format or _FORMAT_BY_SUFFIX.get(PurePosixPath(self.path.rstrip("/")).suffix.lower())
+        if "zarr_format" in self.model_fields_set and fmt != "zarr":
+            raise _LocatedError(("zarr_format",), "zarr_format applies to Zarr outputs only; remove it")
+        if "cog" in self.model_fields_set and fmt != "cog":
+            raise _LocatedError(("cog",), "cog options apply to COG outputs (.tif) only; remove them")
+        if self.cog.predictor == "floating_point" and self.encoding.dtype and self.encoding.dtype[0] in "ui":
+            raise _LocatedError(("cog", "predictor"),
+                                f"floating_point needs a float dtype (encoding.dtype is {self.encoding.dtype}); "
+                                f"use standard or auto")
+        return self
 
     @model_validator(mode="after")
     def _check_format(self) -> Output:
@@ -330,13 +470,30 @@ class Output(_Model):
                 f"format {self.format!r} does not match the path's extension {suffix!r} (which means {implied!r}); "
                 f"change one of them"
             )
-        unsupported = {"zarr": "lzw", "cog": "lz4"}[self.format or implied]
+        fmt = self.format or implied or "zarr"  # one of them is set: checked above
+        unsupported = {"zarr": "lzw", "cog": "lz4"}[fmt]
         if self.compression == unsupported:
             other = "zstd, deflate, lz4 or none" if unsupported == "lzw" else "zstd, deflate, lzw or none"
             raise _LocatedError(
                 ("compression",), f"{unsupported} is not available for {self.format or implied}; use {other}"
             )
         return self
+
+    @model_validator(mode="after")
+    def _check_policy(self) -> Output:
+        if self.overwrite is not None and self.if_exists is not None and self.if_exists != self.policy_of_overwrite:
+            raise _LocatedError(("if_exists",), f"contradicts overwrite: {str(self.overwrite).lower()}; keep only "
+                                                f"if_exists (overwrite is its old spelling)")
+        return self
+
+    @property
+    def policy_of_overwrite(self) -> str | None:
+        return None if self.overwrite is None else ("overwrite" if self.overwrite else "error")
+
+    @property
+    def policy(self) -> str:
+        """The effective ``if_exists``: given, or from ``overwrite``, else ``error``."""
+        return self.if_exists or self.policy_of_overwrite or "error"
 
     @property
     def resolved_format(self) -> str:
@@ -422,6 +579,9 @@ class Spec(_Model):
         max_length=128,
     )
     description: StrictStr | None = Field(default=None, description="Free text.")
+    tags: list[Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.:-]+$")]] = Field(
+        default_factory=list, description="Labels for selecting specs in a batch: rasterflow run DIR --select tag:X."
+    )
     source: Source = Field(description="The STAC search and the assets to load.")
     grid: Grid = Field(description="The output grid.")
     chunks: Chunks = Field(default_factory=Chunks, description="Dask chunk layout; -1 = whole axis.")

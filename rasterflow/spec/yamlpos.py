@@ -4,16 +4,23 @@ PyYAML's safe loader forgets positions, keeps the last of duplicate keys, expand
 ``2024-06-01`` into a date. This loader composes the node graph with PyYAML's safe resolver (minus timestamps) and
 builds plain Python values itself, so it can report ``file:line:column`` for any field, refuse duplicate keys, and
 stop alias bombs after a bounded number of nodes.
+
+Variables: ``${VAR}`` and ``${VAR:-default}`` in a scalar value are replaced from a mapping (the environment and
+``--var``) while the node is built, so every position stays the one of the original text. A plain (unquoted) scalar
+is typed after the replacement (``resolution: ${RES}`` with ``RES=10`` is the number 10); a quoted one stays a
+string. ``$${X}`` is a literal ``${X}``. No other syntax is interpreted (nothing is evaluated).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
-__all__ = ["Position", "LoadedYaml", "YamlProblem", "load_yaml_with_positions", "MAX_SPEC_BYTES", "MAX_NODES"]
+__all__ = ["Position", "LoadedYaml", "YamlProblem", "load_yaml_with_positions", "substitute", "MAX_SPEC_BYTES",
+           "MAX_NODES"]
 
 MAX_SPEC_BYTES = 2 * 1024 * 1024
 """Specs are a few kB; anything over this is refused before parsing."""
@@ -46,6 +53,8 @@ class LoadedYaml:
     data: Any
     key_positions: dict[tuple, Position] = field(default_factory=dict)
     value_positions: dict[tuple, Position] = field(default_factory=dict)
+    variables_used: dict[str, str] = field(default_factory=dict)
+    """Each ``${VAR}`` replaced, with the value it got (for the spec hash and the report)."""
 
     def position_of(self, loc: tuple) -> Position | None:
         """Where the field at ``loc`` is, or its nearest existing parent (for missing keys)."""
@@ -69,6 +78,43 @@ _SpecLoader.yaml_implicit_resolvers = {
 }
 
 
+_VARIABLE = re.compile(r"\$(\$)?\{([^{}]*)\}")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def substitute(text: str, variables: Mapping[str, str], used: dict[str, str] | None = None) -> str:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in ``text``; ``$${...}`` stays literal (one ``$`` removed).
+
+    Raises
+    ------
+    ValueError
+        A variable that is not set and has no default, or a malformed reference; the message says what to do.
+    """
+
+    def one(match: re.Match[str]) -> str:
+        if match.group(1):  # $${X}: escaped
+            return "${" + match.group(2) + "}"
+        body = match.group(2)
+        name, sep, default = body.partition(":-")
+        name = name.strip()
+        if not _NAME.match(name):
+            raise ValueError(f"${{{body}}} is not a variable reference; write ${{NAME}} or ${{NAME:-default}} "
+                             f"(letters, digits, _), or $${{...}} for a literal")
+        value = variables.get(name)
+        if value is None or (value == "" and sep):
+            if not sep:
+                raise ValueError(f"variable {name} is not set; export it, pass --var {name}=VALUE, or give a "
+                                 f"default: ${{{name}:-VALUE}}")
+            value = default
+        if "\n" in value or "\r" in value:
+            raise ValueError(f"variable {name} holds a line break; a spec value is one line")
+        if used is not None:
+            used[name] = value
+        return value
+
+    return _VARIABLE.sub(one, text)
+
+
 def _position(mark: Any) -> Position:
     return Position(mark.line + 1, mark.column + 1)
 
@@ -78,10 +124,11 @@ def _dotted(loc: tuple) -> str:
 
 
 class _Builder:
-    def __init__(self, loader: _SpecLoader, result: LoadedYaml):
+    def __init__(self, loader: _SpecLoader, result: LoadedYaml, variables: Mapping[str, str] | None = None):
         self.loader = loader
         self.result = result
         self.nodes_built = 0
+        self.variables = variables
 
     def build(self, node: yaml.Node, loc: tuple) -> Any:
         self.nodes_built += 1
@@ -107,7 +154,19 @@ class _Builder:
                 _position(node.start_mark),
                 _dotted(loc),
             )
+        if self.variables is not None and isinstance(node, yaml.ScalarNode) and "${" in node.value:
+            return self._substituted(node, loc)
         return self.loader.construct_object(node, deep=True)
+
+    def _substituted(self, node: yaml.ScalarNode, loc: tuple) -> Any:
+        try:
+            value = substitute(node.value, self.variables or {}, self.result.variables_used)
+        except ValueError as err:
+            raise YamlProblem(str(err), _position(node.start_mark), _dotted(loc)) from None
+        if node.style is not None:  # quoted or block scalar: a string, whatever it now looks like
+            return value
+        tag = self.loader.resolve(yaml.ScalarNode, value, (True, False))
+        return self.loader.construct_object(yaml.ScalarNode(tag, value, node.start_mark, node.end_mark), deep=True)
 
     def _mapping(self, node: yaml.MappingNode, loc: tuple) -> dict:
         if any(key.tag == "tag:yaml.org,2002:merge" for key, _ in node.value):
@@ -135,8 +194,23 @@ class _Builder:
         return out
 
 
-def load_yaml_with_positions(text: str) -> LoadedYaml:
+def _field_at(text: str, line: int, column: int) -> str:
+    """The dotted field whose value holds ``line:column``, found by parsing a copy with the bad characters
+    replaced; empty when that copy does not parse either."""
+    cleaned = "".join(c if c in "\t\n\r" or c >= " " else "\ufffd" for c in text)
+    try:
+        parsed = load_yaml_with_positions(cleaned)
+    except YamlProblem:
+        return ""
+    before = [(pos.line, pos.column, loc) for loc, pos in parsed.value_positions.items()
+              if loc and (pos.line, pos.column) <= (line, column)]
+    return _dotted(max(before, key=lambda t: (t[0], t[1], len(t[2])))[2]) if before else ""
+
+
+def load_yaml_with_positions(text: str, variables: Mapping[str, str] | None = None) -> LoadedYaml:
     """Parse one YAML document into plain data plus the position of every key.
+
+    With ``variables`` (a mapping: the environment plus ``--var``), ``${VAR}`` references in values are replaced.
 
     Raises
     ------
@@ -145,7 +219,15 @@ def load_yaml_with_positions(text: str) -> LoadedYaml:
     """
     if len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
         raise YamlProblem(f"the file is larger than {MAX_SPEC_BYTES // (1024 * 1024)} MB; a spec is a few kB")
-    loader = _SpecLoader(text)
+    try:
+        loader = _SpecLoader(text)
+    except yaml.reader.ReaderError as err:
+        # PyYAML checks the characters when the loader is made: a NUL byte, a control character
+        before = text[: err.position]
+        line, column = before.count("\n") + 1, err.position - (before.rfind("\n") + 1) + 1
+        what = "a NUL byte" if err.character in (0, "\x00") else f"the control character {err.character!r}"
+        raise YamlProblem(f"{what} is not allowed in a spec (a binary or corrupted file?); a spec is plain text",
+                          Position(line, column), _field_at(text, line, column)) from None
     try:
         try:
             root = loader.get_single_node()
@@ -162,7 +244,7 @@ def load_yaml_with_positions(text: str) -> LoadedYaml:
         result = LoadedYaml(data=None)
         if root is not None:
             try:
-                result.data = _Builder(loader, result).build(root, ())
+                result.data = _Builder(loader, result, variables).build(root, ())
             except RecursionError:
                 raise YamlProblem("the YAML nests too deeply (a recursive alias?)") from None
         return result

@@ -2,7 +2,9 @@
 
 ``check_output_target``, ``cog_output_paths``, ``is_complete_zarr``, ``path_size`` and ``WriteResult`` are light (no Dask, xarray
 or rasterio import), so the orchestrator can check the output before building a graph; ``write_zarr`` and
-``write_cog`` load their modules (and the pixel libraries) on first use.
+``write_cog`` load their modules (and the pixel libraries) on first use. :mod:`rasterflow.write.stac` (the STAC
+Items and Collection of a run's outputs, written after the data, and the description the writers record) is light
+too.
 """
 
 from __future__ import annotations

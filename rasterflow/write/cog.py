@@ -13,6 +13,11 @@ How it streams
    hidden temporary file next to the output, which is renamed onto the output only when every file is done.
 
 A failure anywhere deletes the temporary files; nothing is ever written at an output path before it is complete.
+
+Encoding: blocks are encoded (:class:`~rasterflow.write.common.Encoding`: dtype, scale, offset, nodata) just before
+they are written, and the scale, offset and nodata are set on every band, so ``rasterio``'s ``scales``/``offsets``
+and GDAL (``gdalinfo``, QGIS) give the physical values back. The run's description (time range, method, item count,
+expressions, versions) goes into the dataset tags.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import concurrent.futures
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import dask
@@ -35,13 +41,16 @@ from rasterio.windows import Window
 
 from rasterflow.errors import RunFailedError
 from rasterflow.write.common import (
+    Encoding,
     WriteResult,
     check_output_target,
     cog_entries,
     compression_name,
+    encode_block,
     is_remote,
     leading_dims,
     path_size,
+    publish,
     remove,
     spatial_dims,
 )
@@ -51,16 +60,19 @@ __all__ = ["write_cog"]
 #: Upper bound on the bytes of one submission (all leading-dim entries of one spatial block, when they fit).
 BATCH_BYTES = 128 * 2**20
 _RESAMPLINGS = ("nearest", "average", "bilinear", "cubic", "cubicspline", "lanczos", "mode", "rms")
+#: ``predictor`` -> the COG driver's PREDICTOR creation option
+_PREDICTORS = {"auto": "YES", "none": "NO", "standard": "STANDARD", "floating_point": "FLOATING_POINT"}
 
 
-def _stream_name(final: str) -> str:
+def _stream_name(final: str, token: str) -> str:
+    # unique per run (token): an overlapping run can never touch this run's temp files
     directory, name = os.path.split(final)
-    return os.path.join(directory, f".{name}.rasterflow-stream.tif")
+    return os.path.join(directory, f".{name}.rasterflow-stream-{token}.tif")
 
 
-def _partial_name(final: str) -> str:
+def _partial_name(final: str, token: str) -> str:
     directory, name = os.path.split(final)
-    return os.path.join(directory, f".{name}.rasterflow-partial.tif")
+    return os.path.join(directory, f".{name}.rasterflow-partial-{token}.tif")
 
 
 def _tile_size(chunks: tuple[int, ...], blocksize: int) -> int:
@@ -133,6 +145,7 @@ class _Pool:
             return [(f, [i]) for i, f in enumerate(futures)]
         from dask.local import get_sync
 
+        assert self.executor is not None  # no client: this pool runs the tasks
         return [(self.executor.submit(get_sync, sub, keys), list(range(len(keys))))]
 
     def wait_any(self, handles: list) -> list:
@@ -141,8 +154,8 @@ class _Pool:
             while self.completed.has_ready():
                 done.append(next(self.completed))
             return done
-        done, _ = concurrent.futures.wait(handles, return_when=concurrent.futures.FIRST_COMPLETED)
-        return list(done)
+        finished, _ = concurrent.futures.wait(handles, return_when=concurrent.futures.FIRST_COMPLETED)
+        return list(finished)
 
     def results(self, handle: Any) -> list:
         value = handle.result()
@@ -201,6 +214,18 @@ def _stream_blocks(cube: da.Array, nlead: int, client: Any, write: Callable[[tup
     return written
 
 
+def _tag_text(value: Any) -> str:
+    import json
+
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _label_text(value: Any) -> str:
+    if isinstance(value, (np.floating, float)):
+        return f"{float(value):g}"
+    return str(value.item() if hasattr(value, "item") else value)
+
+
 def write_cog(
     ds: xr.Dataset,
     path: str,
@@ -212,6 +237,10 @@ def write_cog(
     blocksize: int = 512,
     resampling: str = "average",
     progress: Callable[[int, int], None] | None = None,
+    encoding: Encoding | None = None,
+    predictor: str = "auto",
+    metadata: Mapping[str, Any] | None = None,
+    file_metadata: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> WriteResult:
     """Write a lazy Dataset as Cloud-Optimized GeoTIFF(s), streaming block by block.
 
@@ -234,6 +263,14 @@ def write_cog(
         COG tile edge, a multiple of 16.
     resampling : str
         Overview resampling (``average`` suits continuous values; ``nearest`` or ``mode`` suits classes).
+    encoding : Encoding, optional
+        Stored dtype, scale, offset and nodata (default: the computed float dtype, nodata NaN).
+    predictor : {"auto", "none", "standard", "floating_point"}
+        TIFF predictor; auto lets GDAL choose (standard for integers, floating point for floats) when compressed.
+    metadata : mapping, optional
+        Dataset tags of every file (values are written as text).
+    file_metadata : mapping, optional
+        Per output file path: extra tags of that file (e.g. its period's time range).
 
     Raises
     ------
@@ -258,9 +295,19 @@ def write_cog(
     if crs is None:
         raise ValueError("the dataset has no CRS; write one with ds.rio.write_crs(...)")
     transform = ds.rio.transform()
+    if predictor not in _PREDICTORS:
+        raise ValueError(f"unknown predictor {predictor!r}; expected one of {', '.join(_PREDICTORS)}")
     cube = _cube(ds, names, len(lead))
     height, width = cube.shape[-2:]
-    nodata = float("nan") if np.issubdtype(cube.dtype, np.floating) else None
+    if encoding is None and cube.dtype.kind in "iu":
+        stored = Encoding(dtype=cube.dtype.name, nodata=None)  # integers as computed, every value valid
+    else:
+        stored = (encoding or Encoding()).resolved(cube.dtype)
+    if predictor == "floating_point" and np.dtype(stored.dtype).kind != "f":
+        raise ValueError(f"the floating_point predictor needs a float dtype, not {stored.dtype}")
+    needs_encoding = stored.is_scaled or np.dtype(stored.dtype) != cube.dtype or not (
+        stored.nodata is None or np.isnan(stored.nodata))
+    nodata = stored.nodata
     row_offsets = np.concatenate([[0], np.cumsum(cube.chunks[-2])]).astype(int)
     col_offsets = np.concatenate([[0], np.cumsum(cube.chunks[-1])]).astype(int)
     client = _default_client(client)
@@ -269,18 +316,19 @@ def write_cog(
     scratch = tempfile.mkdtemp(prefix="rasterflow-cog-") if remote else None
     locals_: list[str] = []  # where each final file is assembled locally
     for final in paths:
-        if remote:
+        if scratch is not None:
             locals_.append(os.path.join(scratch, f"{len(locals_)}-{os.path.basename(final)}"))
         else:
             os.makedirs(os.path.dirname(os.path.abspath(final)), exist_ok=True)
             locals_.append(final)
-    stream_files = [_stream_name(p) for p in locals_]
-    partial_files = [_partial_name(p) for p in locals_]
+    token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    stream_files = [_stream_name(p, token) for p in locals_]
+    partial_files = [_partial_name(p, token) for p in locals_]
     index_of = {positions_key: k for k, positions_key in
                 enumerate(tuple(pos[d] for d in lead) for pos, _labels, _p in entries)}
 
     profile = dict(
-        driver="GTiff", width=width, height=height, count=len(names), dtype=cube.dtype.name, crs=crs,
+        driver="GTiff", width=width, height=height, count=len(names), dtype=stored.dtype, crs=crs,
         transform=transform, nodata=nodata, tiled=True, blockxsize=_tile_size(cube.chunks[-1], blocksize),
         blockysize=_tile_size(cube.chunks[-2], blocksize), compress="ZSTD", zstd_level=1, interleave="pixel",
         bigtiff="IF_SAFER",
@@ -289,25 +337,33 @@ def write_cog(
         COMPRESS=codec.upper(), BLOCKSIZE=blocksize, OVERVIEWS="AUTO", RESAMPLING=resampling.upper(),
         BIGTIFF="IF_SAFER",
     )
-    if codec != "none":
-        cog_options["PREDICTOR"] = "YES"
+    if codec != "none" and predictor != "none":
+        cog_options["PREDICTOR"] = _PREDICTORS[predictor]
+    common_tags = {str(k): _tag_text(v) for k, v in (metadata or {}).items()}
 
     datasets: list[Any] = []
     try:
-        for f in stream_files + partial_files:
-            remove(f)  # leftovers of a killed run
         with rasterio.Env(GDAL_CACHEMAX=int(gdal_cachemax)):
-            for (_pos, labels, _p), stream in zip(entries, stream_files):
+            for (_pos, labels, final), stream in zip(entries, stream_files):
                 dst = rasterio.open(stream, "w", **profile)
                 datasets.append(dst)
                 for band, name in enumerate(names, start=1):
                     dst.set_band_description(band, name)
-                dst.update_tags(rasterflow_bands=",".join(names),
-                                **{str(d): str(v) for d, v in labels.items()})
+                    expression = ds[name].attrs.get("rasterflow_expression")
+                    if expression:
+                        dst.update_tags(band, rasterflow_expression=str(expression))
+                if stored.is_scaled:
+                    dst.scales = (stored.scale,) * len(names)
+                    dst.offsets = (stored.offset,) * len(names)
+                extra = {str(k): _tag_text(v) for k, v in ((file_metadata or {}).get(final) or {}).items()}
+                dst.update_tags(**{**common_tags, **extra, "rasterflow_bands": ",".join(names),
+                                   **{str(d): _label_text(v) for d, v in labels.items()}})
 
             def write(lead_index: tuple, i: int, j: int, block: np.ndarray) -> None:
                 dst = datasets[index_of[tuple(lead_index)]]
                 block = block.reshape(block.shape[-3:])
+                if needs_encoding:
+                    block = np.stack([encode_block(block[k], stored, names[k]) for k in range(len(names))])
                 window = Window(int(col_offsets[j]), int(row_offsets[i]), block.shape[-1], block.shape[-2])
                 dst.write(block, window=window)
 
@@ -325,7 +381,7 @@ def write_cog(
                 fs.put_file(partial, target)
                 remove(partial)
             else:
-                os.replace(partial, local)
+                publish(partial, local, replace=overwrite)  # never replaces what appeared meanwhile unless asked
     except BaseException as exc:
         for dst in datasets:
             try:

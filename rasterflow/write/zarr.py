@@ -6,10 +6,12 @@ Design
   existing output is moved aside, the new store renamed in, and only then the old one deleted. fsspec URLs
   (``s3://...``) are written in place.
 * The store is created metadata-only first (``to_zarr(compute=False)``): array shapes, Zarr chunks equal to the Dask
-  chunks, codec, ``_FillValue`` = NaN, coordinates (``y``, ``x``, leading dims, the scalar ``spatial_ref`` with the
-  CRS and GeoTransform), and the group attributes ``rasterflow_fingerprint`` and ``rasterflow_complete: false``.
-* Every Dask block is then written by the worker that computed it, straight into its Zarr chunk (blocks and chunks
-  coincide, so no two tasks touch the same chunk), followed by an empty done-marker
+  chunks, codec, the stored dtype with ``_FillValue`` (NaN by default) and ``scale_factor``/``add_offset`` when an
+  :class:`~rasterflow.write.common.Encoding` asks, GDAL's ``_CRS`` attribute, coordinates (``y``, ``x``, leading
+  dims, the scalar ``spatial_ref`` with the CRS and GeoTransform), the run's description (``metadata``) and the group
+  attributes ``rasterflow_fingerprint`` and ``rasterflow_complete: false``.
+* Every Dask block is then encoded and written by the worker that computed it, straight into its Zarr chunk (blocks
+  and chunks coincide, so no two tasks touch the same chunk), followed by an empty done-marker
   ``<store>/.rasterflow/done/<var>/<i>.<j>...``. The task returns a one-element array: nothing pixel-sized travels to
   the client.
 * Resume: a staging store with the same fingerprint that is not complete is reused; blocks with a marker are not
@@ -17,9 +19,16 @@ Design
 * Finish: ``rasterflow_complete: true``, markers removed, metadata consolidated, renamed into place. Each step is
   idempotent, so a crash in between is finished by the next run.
 
-Zarr format 3 is written (the default of zarr-python 3 and xarray; GDAL >= 3.8 reads it). Its consolidated metadata
-(inside the root ``zarr.json``) is not yet part of the v3 specification: zarr-python warns when writing it (silenced
-here), xarray reads it without a warning.
+Zarr format 2 is written by default, because it is what GIS tools open: the GDAL 3.10 inside the rasterio wheel
+(and QGIS on top of it) reads these v2 stores georeferenced -- CRS from the ``_CRS`` attribute of each array (GDAL's
+own convention for Zarr) and from the CF ``grid_mapping`` variable, transform from the regular ``x``/``y``
+coordinate arrays, nodata from ``fill_value``, scale/offset from ``scale_factor``/``add_offset``; open a band as
+``ZARR:"out.zarr":/ndvi``. It does *not* open the Zarr v3 stores zarr-python 3 writes ("Unsupported codec: bytes";
+Debian's GDAL 3.6 does not know v3 at all). ``zarr_format=3`` remains available for xarray-only consumers; its
+consolidated metadata (inside the root ``zarr.json``) is not yet part of the v3 specification: zarr-python warns when
+writing it (silenced here), xarray reads it without a warning. Both formats carry CF metadata (``grid_mapping``,
+``_FillValue``, ``scale_factor``/``add_offset``), so ``xr.open_zarr`` decodes physical values and rioxarray finds the
+CRS and transform.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import math
 import os
 import uuid
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import dask
 import dask.array as da
@@ -39,9 +48,11 @@ from rasterflow.errors import OutputExistsError, RunFailedError
 from rasterflow.write.common import (
     COMPLETE_ATTR,
     FINGERPRINT_ATTR,
+    Encoding,
     WriteResult,
     check_output_target,
     compression_name,
+    encode_block,
     exists,
     is_complete_zarr,
     is_remote,
@@ -52,9 +63,12 @@ from rasterflow.write.common import (
     zarr_staging_path,
 )
 
-__all__ = ["write_zarr", "is_complete_zarr", "ZARR_FORMAT", "MARKER_DIR"]
+__all__ = ["write_zarr", "is_complete_zarr", "ZARR_FORMAT", "ZARR_FORMATS", "MARKER_DIR"]
 
-ZARR_FORMAT = 3
+#: The default Zarr format: 2, the one GDAL (and so QGIS) opens; see the module docstring.
+ZarrFormat = Literal[2, 3]
+ZARR_FORMAT: ZarrFormat = 2
+ZARR_FORMATS = (2, 3)
 #: Done-markers live under ``<store>/<MARKER_DIR>/<var>/``; removed when the store is complete.
 MARKER_DIR = ".rasterflow/done"
 
@@ -80,14 +94,16 @@ def _touch(url: str) -> None:
         pass
 
 
-def _write_block(block: np.ndarray, *, store: str, var: str, markers: str, block_info=None) -> np.ndarray:
-    """Write one Dask block into its Zarr chunk, then leave its done-marker. Runs on a worker."""
+def _write_block(block: np.ndarray, *, store: str, var: str, markers: str, zarr_format: ZarrFormat,
+                 encoding: Encoding | None = None, block_info=None) -> np.ndarray:
+    """Encode one Dask block, write it into its Zarr chunk, then leave its done-marker. Runs on a worker."""
     import zarr
 
     info = block_info[0]
     region = tuple(slice(start, stop) for start, stop in info["array-location"])
-    array = zarr.open_array(store, path=var, mode="r+", zarr_format=ZARR_FORMAT)
-    array[region] = np.asarray(block, dtype=array.dtype)
+    array = zarr.open_array(store, path=var, mode="r+", zarr_format=zarr_format)
+    stored = encode_block(block, encoding, var) if encoding is not None else block
+    array[region] = np.asarray(stored, dtype=array.dtype)
     _touch(_join(markers, var, ".".join(str(i) for i in info["chunk-location"])))
     return np.ones((1,) * block.ndim, dtype=np.int8)
 
@@ -96,7 +112,18 @@ def _write_block(block: np.ndarray, *, store: str, var: str, markers: str, block
 # preparing the dataset and the template
 
 
-def _compressors(name: str) -> list | None:
+def _compressors(name: str, zarr_format: ZarrFormat) -> list | None:
+    if zarr_format == 2:
+        # numcodecs' codecs are the v2 ones; GDAL's Zarr driver decodes zstd, zlib and blosc
+        import numcodecs
+
+        if name == "zstd":
+            return [numcodecs.Zstd(level=3)]
+        if name == "deflate":
+            return [numcodecs.Zlib(level=6)]
+        if name == "lz4":
+            return [numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)]
+        return None
     from zarr.codecs import BloscCodec, BloscShuffle, GzipCodec, ZstdCodec
 
     if name == "zstd":
@@ -112,8 +139,21 @@ def _regular(chunks: tuple[int, ...]) -> bool:
     return all(c == chunks[0] for c in chunks[:-1]) and chunks[-1] <= chunks[0]
 
 
-def _prepare(ds: xr.Dataset, compression: str) -> xr.Dataset:
-    """A shallow copy of ``ds`` with dask-backed, regularly chunked data variables and explicit Zarr encodings."""
+def _crs_attr(ds: xr.Dataset) -> dict | None:
+    """GDAL's ``_CRS`` array attribute (``{"wkt": ...}``), or None when the dataset has no CRS."""
+    try:
+        import rioxarray  # noqa: F401  (registers the .rio accessor)
+
+        crs = ds.rio.crs
+    except Exception:  # no rioxarray or no CRS: the CF grid_mapping (if any) still carries it
+        return None
+    return None if crs is None else {"wkt": crs.to_wkt()}
+
+
+def _prepare(ds: xr.Dataset, compression: str, zarr_format: ZarrFormat = ZARR_FORMAT,
+             encoding: Encoding | None = None) -> tuple[xr.Dataset, Encoding]:
+    """A shallow copy of ``ds`` with dask-backed, regularly chunked data variables and explicit Zarr encodings,
+    and the resolved encoding of the stored values."""
     spatial_dims(ds)  # same dims everywhere, at least 2-D
     out = ds.copy(deep=False)
     for name, var in ds.variables.items():
@@ -122,7 +162,7 @@ def _prepare(ds: xr.Dataset, compression: str) -> xr.Dataset:
         if isinstance(var.data, da.Array):
             var = var.compute()  # coordinates are small: they are written with the template
             out = out.assign_coords({name: var})
-        if var.dtype.kind == "U":
+        if var.dtype.kind == "U" and zarr_format == 3:
             # fixed-width UTF-32 has no Zarr v3 specification (zarr-python warns, other readers may fail);
             # object strings are written as the variable-length ``string`` type
             out = out.assign_coords({name: var.astype(object)})
@@ -132,49 +172,78 @@ def _prepare(ds: xr.Dataset, compression: str) -> xr.Dataset:
         grid_mapping = None
     for name in out.variables:
         out.variables[name].encoding = {}
-    compressors = _compressors(compression)
+    compressors = _compressors(compression, zarr_format)
+    computed = np.result_type(*(out[n].dtype for n in out.data_vars))
+    if encoding is None and computed.kind in "iu":
+        stored = Encoding(dtype=computed.name, nodata=None)  # integers as computed, every value valid (no fill)
+    else:
+        stored = (encoding or Encoding()).resolved(computed)
+    crs_attr = _crs_attr(ds)
     for name in list(out.data_vars):
-        var = out[name]
-        data = var.data
+        band = out[name]
+        data = band.data
         if not isinstance(data, da.Array):
             data = da.from_array(np.asarray(data), chunks=-1)
         fixes = {axis: max(c) for axis, c in enumerate(data.chunks) if not _regular(c)}
         if fixes:
             data = data.rechunk(fixes)
-        out[name] = var.copy(data=data)
-        out[name].attrs = {k: v for k, v in var.attrs.items() if k not in ("grid_mapping", "coordinates")}
-        encoding: dict[str, Any] = {"chunks": tuple(c[0] for c in data.chunks), "compressors": compressors}
-        encoding["_FillValue"] = np.nan if np.issubdtype(data.dtype, np.floating) else None
+        out[name] = band.copy(data=data)
+        out[name].attrs = {k: v for k, v in band.attrs.items() if k not in ("grid_mapping", "coordinates", "_CRS")}
+        if crs_attr:
+            out[name].attrs["_CRS"] = crs_attr  # what GDAL's Zarr driver reads for the CRS
+        var_encoding: dict[str, Any] = {"chunks": tuple(c[0] for c in data.chunks), "compressors": compressors,
+                                        "dtype": np.dtype(stored.dtype)}
+        # xarray writes these as CF attributes (fill_value for v2), and decodes them on open
+        var_encoding["_FillValue"] = None if stored.nodata is None else np.dtype(stored.dtype).type(stored.nodata)
+        if stored.is_scaled:
+            var_encoding["scale_factor"] = stored.scale
+            var_encoding["add_offset"] = stored.offset
         if grid_mapping:
             # CF puts grid mappings outside ``coordinates``, so xarray would reopen ``spatial_ref`` as a data
             # variable and rioxarray would not find the CRS; listing it keeps ``xr.open_zarr(path).rio.crs`` working.
-            encoding["grid_mapping"] = grid_mapping
-            encoding["coordinates"] = grid_mapping
-        out.variables[name].encoding = encoding
-    return out
+            var_encoding["grid_mapping"] = grid_mapping
+            var_encoding["coordinates"] = grid_mapping
+        out.variables[name].encoding = var_encoding
+    return out, stored
 
 
-def _write_template(ds: xr.Dataset, store: str, fingerprint: str) -> None:
+def _write_template(ds: xr.Dataset, store: str, fingerprint: str, zarr_format: ZarrFormat,
+                    metadata: dict[str, Any] | None = None) -> None:
     template = ds.copy(deep=False)
-    template.attrs = {**ds.attrs, FINGERPRINT_ATTR: fingerprint, COMPLETE_ATTR: False}
-    template.to_zarr(store, mode="w", compute=False, consolidated=False, zarr_format=ZARR_FORMAT)
+    template.attrs = {**ds.attrs, **(metadata or {}), FINGERPRINT_ATTR: fingerprint, COMPLETE_ATTR: False}
+    with warnings.catch_warnings():
+        # the template's values are never computed, so xarray's "encoding NaN to an integer" warning is moot
+        warnings.filterwarnings("ignore", category=RuntimeWarning)
+        template.to_zarr(store, mode="w", compute=False, consolidated=False, zarr_format=zarr_format)
 
 
-def _layout_matches(ds: xr.Dataset, store: str) -> bool:
+def _layout_matches(ds: xr.Dataset, store: str, stored_dtype: Any) -> bool:
     """Whether the store's arrays have the shapes, chunks and dtypes this dataset would write."""
     import zarr
 
     try:
         group = zarr.open_group(store, mode="r", use_consolidated=False)
         for name in ds.data_vars:
-            array = group[name]
+            array = group[str(name)]
             data = ds[name].data
+            if not isinstance(array, zarr.Array):
+                return False
             if (tuple(array.shape) != tuple(data.shape) or tuple(array.chunks) != tuple(c[0] for c in data.chunks)
-                    or np.dtype(array.dtype) != data.dtype):
+                    or np.dtype(array.dtype) != np.dtype(stored_dtype)):
                 return False
     except Exception:  # an unreadable or foreign store is not ours to resume: start over
         return False
     return True
+
+
+def _format_of(store: str) -> int | None:
+    """The Zarr format of an existing store (None when it does not open)."""
+    import zarr
+
+    try:
+        return int(zarr.open_group(store, mode="r", use_consolidated=False).metadata.zarr_format)
+    except Exception:  # unreadable: not resumable
+        return None
 
 
 def _done_markers(markers: str, names: list[str]) -> dict[str, set[tuple[int, ...]]]:
@@ -196,7 +265,7 @@ def _done_markers(markers: str, names: list[str]) -> dict[str, set[tuple[int, ..
     return done
 
 
-def _finish(store: str) -> None:
+def _finish(store: str, zarr_format: ZarrFormat) -> None:
     """Mark complete, drop the markers, consolidate. Idempotent."""
     import zarr
 
@@ -205,7 +274,7 @@ def _finish(store: str) -> None:
     remove(_join(store, MARKER_DIR.split("/")[0]))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
-        zarr.consolidate_metadata(store, zarr_format=ZARR_FORMAT)
+        zarr.consolidate_metadata(store, zarr_format=zarr_format)
 
 
 def _swap_into_place(staging: str, path: str, *, may_replace: bool) -> None:
@@ -256,6 +325,9 @@ def write_zarr(
     fingerprint: str,
     client: Any = None,
     progress: Callable[[int, int], None] | None = None,
+    zarr_format: ZarrFormat = ZARR_FORMAT,
+    encoding: Encoding | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> WriteResult:
     """Write a lazy Dataset to a Zarr store, chunk by chunk in parallel, atomically, resuming an interrupted run.
 
@@ -274,6 +346,13 @@ def write_zarr(
         Identity of the job; a staging store with the same fingerprint is resumed, any other is discarded.
     client : distributed.Client, optional
         Where to compute; default: Dask's default scheduler (a global client if one exists).
+    zarr_format : {2, 3}
+        2 (default) opens in GDAL/QGIS and xarray; 3 in xarray only (see the module docstring).
+    encoding : Encoding, optional
+        Stored dtype, scale, offset and nodata (default: the computed float dtype, NaN). Written as CF
+        ``_FillValue``/``scale_factor``/``add_offset``, so readers decode physical values.
+    metadata : dict, optional
+        Extra group attributes (JSON values): time range, method, item count, versions...
 
     Raises
     ------
@@ -286,11 +365,18 @@ def write_zarr(
         raise ValueError("write_zarr needs the job's fingerprint (a non-empty string) to know what it may resume")
     path = str(path).rstrip("/")
     check_output_target(path, "zarr", overwrite=overwrite, fingerprint=fingerprint)
+    if zarr_format not in ZARR_FORMATS:
+        raise ValueError(f"zarr_format must be 2 or 3, got {zarr_format!r}")
     codec = compression_name(compression, "zarr")
     remote = is_remote(path)
     store = path if remote else zarr_staging_path(path)
-    prepared = _prepare(ds, codec)
-    names = list(prepared.data_vars)
+    prepared, stored = _prepare(ds, codec, zarr_format, encoding)
+    # float output without scaling is written as computed: no per-block encoding work
+    computed = np.result_type(*(prepared[n].dtype for n in prepared.data_vars))
+    as_computed = (not stored.is_scaled and np.dtype(stored.dtype) == computed
+                   and (stored.nodata is None or np.isnan(stored.nodata)))
+    block_encoding = None if as_computed else stored
+    names = [str(name) for name in prepared.data_vars]
 
     # a local output that is itself an unfinished store of this job (e.g. left by an in-place write) may be replaced
     target_state = read_zarr_state(path) if not remote else None
@@ -298,13 +384,14 @@ def write_zarr(
                                     and target_state.fingerprint == fingerprint)
 
     state = read_zarr_state(store)
-    resumable = (state is not None and state.fingerprint == fingerprint and _layout_matches(prepared, store))
+    resumable = (state is not None and state.fingerprint == fingerprint
+                 and _layout_matches(prepared, store, stored.dtype) and _format_of(store) == zarr_format)
     if not resumable:
         if exists(store):
             remove(store)
         if not remote:
             os.makedirs(os.path.dirname(os.path.abspath(store)), exist_ok=True)
-        _write_template(prepared, store, fingerprint)
+        _write_template(prepared, store, fingerprint, zarr_format, metadata)
     complete = bool(resumable and state is not None and state.complete)
 
     markers = _join(store, MARKER_DIR)
@@ -320,7 +407,7 @@ def write_zarr(
             outs.append(da.map_blocks(
                 _write_block, data, dtype=np.int8, chunks=tuple((1,) * len(c) for c in data.chunks),
                 meta=np.empty((0,) * data.ndim, dtype=np.int8), name=f"rasterflow-write-zarr-{name}-{token}",
-                store=store, var=name, markers=markers,
+                store=store, var=name, markers=markers, zarr_format=zarr_format, encoding=block_encoding,
             ))
         pending = sum(len(d) for d in done.values())
         todo: list = []
@@ -350,7 +437,7 @@ def write_zarr(
         written = total - skipped
 
     try:
-        _finish(store)
+        _finish(store, zarr_format)
         if not remote:
             _swap_into_place(store, path, may_replace=may_replace)
     except OutputExistsError:

@@ -1,0 +1,337 @@
+"""The read policy of a run on the workers, and the read statistics that come back from them.
+
+:class:`ReadPolicy` is what every read of a run obeys: the retry policy, ``on_read_error`` (``fail`` | ``nodata``),
+the signer, the GDAL options. The client puts it on every worker with a Dask worker plugin
+(:mod:`rasterflow.read.worker`, registered by :func:`read_monitor`): plugins reach the workers of an existing
+cluster and workers that join or restart later, and run before any task of the run. In a process without workers
+(``rasterflow profile``) :func:`set_policy` sets it directly.
+
+Each worker process counts, per run, the retries per href and every read that failed for good
+(:func:`record_retry`, :func:`record_failure`; thread-safe). When the computation ends, successful or not, the
+client collects and clears those counts with ``Client.run`` (one call per worker, so nothing is capped as in an
+event log) and :func:`summarize` merges them into a :class:`ReadSummary` for the run report. The first failure of
+an href in a worker is also logged with the scheduler (``Worker.log_event``), so a worker lost before the end
+still has its holes reported. An href that failed for good fails at once in the later windows of that worker
+(:func:`failed_before`): no second round of retries against a server that is down, and with ``nodata`` the file
+is missing from all of that worker's windows. With ``nodata``, :func:`check_quota` fails the run when the share of
+the job's files that failed exceeds ``max_failed_fraction``.
+
+One policy per worker process: two runs with different policies on one shared cluster at the same time would
+see the later one's (the statistics stay apart, keyed by ``run_id``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from rasterflow.errors import RunFailedError
+from rasterflow.gdalenv import allowed_extensions, aws_env_summary, remote_read_options
+from rasterflow.retry import RetryPolicy
+
+__all__ = [
+    "ReadPolicy", "FailedRead", "ReadSummary", "set_policy", "current_policy", "record_retry", "record_failure",
+    "failed_before",
+    "collect", "summarize", "check_quota", "read_monitor", "ReadMonitor", "policy_from_spec", "job_hrefs",
+]
+
+
+@dataclass(frozen=True)
+class ReadPolicy:
+    """How the reads of one run behave."""
+
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    on_read_error: str = "fail"
+    """``fail``: the first file that cannot be read stops the run; ``nodata``: it is treated as missing."""
+    max_failed_fraction: float = 0.0
+    """With ``nodata``: the run fails when more than this share of its files could not be read."""
+    sign: str | None = None
+    """The name of a signer (:mod:`rasterflow.read.signing`), None = hrefs are opened as they are."""
+    extensions: str | None = None
+    """``CPL_VSIL_CURL_ALLOWED_EXTENSIONS`` (from the job's hrefs)."""
+    run_id: str = "local"
+    """Keys this run's statistics on the workers."""
+
+    def gdal_options(self) -> dict[str, str]:
+        """The GDAL config options of every open and read (what the environment does not set itself)."""
+        return remote_read_options(timeout=self.retry.timeout, extensions=self.extensions)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"retry": self.retry.as_dict(), "on_read_error": self.on_read_error,
+                "max_failed_fraction": self.max_failed_fraction, "sign": self.sign}
+
+
+def policy_from_spec(source: Any, hrefs: Iterable[str] = ()) -> ReadPolicy:
+    """The policy of a run from the spec's ``source`` section and the job's hrefs; a fresh ``run_id``."""
+    return ReadPolicy(
+        retry=RetryPolicy.from_spec(getattr(source, "retry", None)),
+        on_read_error=str(getattr(source, "on_read_error", "fail")),
+        max_failed_fraction=float(getattr(source, "max_failed_fraction", 0.0)),
+        sign=getattr(source, "sign", None),
+        extensions=allowed_extensions(hrefs),
+        run_id=uuid.uuid4().hex,
+    )
+
+
+# ---- the policy in this process -------------------------------------------------------------------------------
+
+_POLICY: ReadPolicy | None = None
+
+
+def set_policy(policy: ReadPolicy | None) -> None:
+    """Make ``policy`` the one this process's reads obey (None: the defaults)."""
+    global _POLICY
+    _POLICY = policy
+
+
+def current_policy() -> ReadPolicy:
+    return _POLICY or ReadPolicy()
+
+
+# ---- statistics in this process -------------------------------------------------------------------------------
+
+_LOCK = threading.Lock()
+_STATS: dict[str, dict[str, Any]] = {}
+
+
+def _run_stats(run_id: str) -> dict[str, Any]:
+    return _STATS.setdefault(run_id, {"retries": {}, "failed": {}})
+
+
+def record_retry(policy: ReadPolicy, href: str) -> None:
+    """One more try of ``href`` (counted per href)."""
+    with _LOCK:
+        retries = _run_stats(policy.run_id)["retries"]
+        retries[href] = retries.get(href, 0) + 1
+
+
+def record_failure(policy: ReadPolicy, read: Any, error: BaseException) -> None:
+    """``read`` (an :class:`~rasterflow.sources.AssetRead`) failed for good with ``error``; counted per href."""
+    with _LOCK:
+        failed = _run_stats(policy.run_id)["failed"]
+        entry = failed.get(read.href)
+        if entry is None:
+            entry = failed[read.href] = {
+                "item_id": read.item_id, "asset": read.name, "href": read.href, "error": str(error),
+                "status": getattr(error, "status", None), "attempts": int(getattr(error, "attempts", 1)),
+                "windows": 1,
+            }
+            _log_event(policy, dict(entry))
+        else:
+            entry["windows"] += 1
+            entry["attempts"] = max(entry["attempts"], int(getattr(error, "attempts", 1)))
+
+
+def failed_before(policy: ReadPolicy, href: str) -> dict[str, Any] | None:
+    """The record of ``href`` when a read of it already failed for good in this process during this run."""
+    with _LOCK:
+        entry = _STATS.get(policy.run_id, {}).get("failed", {}).get(href)
+        return None if entry is None else dict(entry)
+
+
+def _topic(policy: ReadPolicy) -> str:
+    return f"rasterflow-failed-reads-{policy.run_id}"
+
+
+def _log_event(policy: ReadPolicy, entry: dict[str, Any]) -> None:
+    """Also tell the scheduler at once (first failure of an href in this process): a worker that dies later
+    takes its counts with it, but a hole it left in the output must still be reported."""
+    if "distributed" not in sys.modules:
+        return
+    from distributed import get_worker
+
+    try:
+        get_worker().log_event(_topic(policy), entry)
+    except ValueError:  # not inside a worker
+        pass
+
+
+def collect(run_id: str) -> dict[str, Any]:
+    """This process's statistics of ``run_id`` (removed here: each is collected once)."""
+    with _LOCK:
+        return _STATS.pop(run_id, {"retries": {}, "failed": {}})
+
+
+# ---- on the client ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FailedRead:
+    """A file that could not be read (after its retries)."""
+
+    item_id: str
+    asset: str
+    href: str
+    error: str
+    status: int | None
+    attempts: int
+    """Tries of its last failing read."""
+    windows: int
+    """How many task windows it failed in."""
+
+
+@dataclass(frozen=True)
+class ReadSummary:
+    """The reads of a run, over all workers."""
+
+    files: int
+    """Distinct files the job reads."""
+    failed: tuple[FailedRead, ...] = ()
+    retries: dict[str, int] = field(default_factory=dict)
+    """href -> retries made (files read without a retry are left out)."""
+    policy: ReadPolicy = field(default_factory=ReadPolicy)
+
+    @property
+    def failed_fraction(self) -> float:
+        return len(self.failed) / self.files if self.files else 0.0
+
+    @property
+    def total_retries(self) -> int:
+        return sum(self.retries.values())
+
+    def exceeded(self) -> bool:
+        """Whether the failures are more than the policy allows."""
+        if not self.failed:
+            return False
+        return self.policy.on_read_error == "fail" or self.failed_fraction > self.policy.max_failed_fraction
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "files": self.files,
+            "failed_count": len(self.failed),
+            "failed_fraction": round(self.failed_fraction, 6),
+            "failed": [asdict(f) | {"retries": self.retries.get(f.href, 0)} for f in self.failed],
+            "retried_files": len(self.retries),
+            "total_retries": self.total_retries,
+            "retries": dict(sorted(self.retries.items())),
+            "policy": self.policy.as_dict(),
+        }
+
+    def quota_message(self) -> str:
+        """Why the run failed: the share, the quota and every failed file."""
+        lines = [f"{len(self.failed)} of {self.files} source files ({self.failed_fraction:.1%}) could not be read, "
+                 f"more than source.max_failed_fraction ({self.policy.max_failed_fraction:g}) allows:"]
+        lines += [f"  {f.error}" for f in self.failed]
+        lines.append("Fix or drop those items, or raise source.max_failed_fraction to accept the holes")
+        return "\n".join(lines)
+
+
+def summarize(parts: Iterable[dict[str, Any]], files: int, policy: ReadPolicy,
+              events: Iterable[dict[str, Any]] = ()) -> ReadSummary:
+    """Merge the statistics collected from each process; ``events`` (failures the workers logged with the
+    scheduler) add the hrefs of workers that were lost before their statistics were collected."""
+    retries: dict[str, int] = {}
+    failed: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for href, n in part.get("retries", {}).items():
+            retries[href] = retries.get(href, 0) + int(n)
+        for href, entry in part.get("failed", {}).items():
+            kept = failed.get(href)
+            if kept is None:
+                failed[href] = dict(entry)
+            else:
+                kept["windows"] += entry["windows"]
+                kept["attempts"] = max(kept["attempts"], entry["attempts"])
+    for entry in events:
+        if isinstance(entry, dict) and entry.get("href") and entry["href"] not in failed:
+            failed[entry["href"]] = dict(entry)
+    names = {f.name for f in fields(FailedRead)}  # the scheduler adds "worker" to an event
+    rows = tuple(FailedRead(**{k: v for k, v in failed[href].items() if k in names}) for href in sorted(failed))
+    return ReadSummary(files=files, failed=rows, retries=retries, policy=policy)
+
+
+def check_quota(summary: ReadSummary) -> None:
+    """With ``nodata``: :class:`RunFailedError` when more files failed than ``max_failed_fraction`` allows."""
+    if summary.policy.on_read_error == "nodata" and summary.exceeded():
+        raise RunFailedError(summary.quota_message())
+
+
+class ReadMonitor:
+    """What :func:`read_monitor` yields: :meth:`check` fails the run as soon as the quota is exceeded."""
+
+    CHECK_EVERY = 0.5
+    """Seconds between two looks at the scheduler's failure events while blocks complete."""
+
+    def __init__(self, client: Any, policy: ReadPolicy, files: int):
+        self.client, self.policy, self.files = client, policy, files
+        self._last = 0.0
+
+    def failures(self) -> list[dict[str, Any]]:
+        """The failures the workers logged with the scheduler so far (first per href and worker)."""
+        if self.client is None:
+            return []
+        return [message for _, message in self.client.get_events(_topic(self.policy))]
+
+    def check(self, done: int = 0, total: int = 0) -> None:
+        """Called as blocks complete (the writer's progress): with ``nodata``, raise :class:`RunFailedError` once
+        more files failed than allowed, so the run stops early and the writer never commits an output with more
+        holes than the quota; always looked at when the last block is done (before the writer commits)."""
+        import time
+
+        if self.policy.on_read_error != "nodata" or self.client is None:
+            return
+        now = time.monotonic()
+        if not (total and done >= total) and now - self._last < self.CHECK_EVERY:
+            return
+        self._last = now
+        summary = summarize([], self.files, self.policy, self.failures())
+        check_quota(summary)
+
+
+@contextlib.contextmanager
+def read_monitor(client: Any, policy: ReadPolicy, hrefs: Iterable[str], report: Any = None) -> Iterator[ReadMonitor]:
+    """Around a run's computation: the policy on every worker (and in this process) before it, the statistics
+    collected after it into ``report.reads`` (also when it fails), then the failure quota checked.
+
+    ``client`` may be None (reads in this process only). The signer is looked up first, so a missing package is
+    an error before any task runs. The :class:`ReadMonitor` yielded checks the quota while blocks complete.
+    """
+    from rasterflow.read.signing import get_signer
+
+    if policy.sign:
+        get_signer(policy.sign)
+    files = len(set(hrefs))
+    previous = _POLICY
+    set_policy(policy)
+    plugin_name = f"rasterflow-read-policy-{policy.run_id}"
+    if client is not None:
+        from rasterflow.read.worker import ReadPolicyPlugin
+
+        client.register_plugin(ReadPolicyPlugin(policy), name=plugin_name)
+    if report is not None:
+        report.gdal_options = {"reads": policy.gdal_options(), "aws_env": aws_env_summary()}
+    summary = None
+    monitor = ReadMonitor(client, policy, files)
+    try:
+        yield monitor
+    finally:
+        parts, events = [collect(policy.run_id)], []
+        if client is not None:
+            with contextlib.suppress(Exception):
+                events = monitor.failures()
+            try:
+                # on_error="ignore": a worker lost at the end costs its own counts, not the others'
+                parts += [part for part in client.run(collect, policy.run_id, on_error="ignore").values()
+                          if isinstance(part, dict)]
+            except Exception:  # the scheduler itself gone: the run's own error says more
+                pass
+            with contextlib.suppress(Exception):
+                client.unregister_worker_plugin(plugin_name)
+        set_policy(previous)
+        summary = summarize(parts, files, policy, events)
+        if report is not None:
+            report.reads = summary.to_dict()
+    check_quota(summary)
+
+
+def job_hrefs(plan: Any) -> list[str]:
+    """Every distinct href a plan's tasks read (``plan.sources``), in order."""
+    sources = getattr(plan, "sources", None)
+    if sources is None:
+        return []
+    return list(dict.fromkeys(read.href for item in sources.reads for read in item if read is not None))

@@ -1,0 +1,66 @@
+"""The Dask worker plugin that puts a run's :class:`~rasterflow.read.policy.ReadPolicy` on every worker.
+
+Imported only where a distributed client exists. ``setup`` runs on every current worker when the plugin is
+registered and on every worker that starts later (a restarted one too), before it runs a task of the run: it sets
+the policy in the worker process, and in its environment the GDAL settings read once per process (the size of
+GDAL's shared HTTP cache: it takes effect when GDAL has not started yet), without replacing what the worker's
+environment already sets. The other GDAL settings are set around each read (:meth:`ReadPolicy.gdal_options`).
+
+:class:`GdalCachePlugin` does the same for the size of GDAL's block cache on a cluster rasterflow did not start
+(a LocalCluster's workers get ``GDAL_CACHEMAX`` in their environment at spawn; a user's ``dask worker`` has GDAL's
+default, 5% of the machine's RAM, which the budget check never counted).
+"""
+
+from __future__ import annotations
+
+import os
+
+from distributed import WorkerPlugin
+
+from rasterflow.gdalenv import process_env
+from rasterflow.read.policy import ReadPolicy, current_policy, set_policy
+
+__all__ = ["ReadPolicyPlugin", "GdalCachePlugin"]
+
+
+class ReadPolicyPlugin(WorkerPlugin):
+    """Set ``policy`` in each worker process (see the module docstring)."""
+
+    def __init__(self, policy: ReadPolicy):
+        self.policy = policy
+
+    def setup(self, worker) -> None:
+        for key, value in process_env().items():
+            os.environ.setdefault(key, value)
+        set_policy(self.policy)
+
+    def teardown(self, worker) -> None:
+        if current_policy().run_id == self.policy.run_id:
+            set_policy(None)
+
+
+class GdalCachePlugin(WorkerPlugin):
+    """Set GDAL's block cache to ``nbytes`` in each worker process while the run's client is connected.
+
+    GDAL reads ``GDAL_CACHEMAX`` from the environment only once, but its cache size can be changed at any time
+    (``rasterio.env.set_gdal_config("GDAL_CACHEMAX", n)`` calls ``GDALSetCacheMax64``): the spec's
+    ``cluster.gdal_cachemax`` is what the budget check counted per worker, so it is what each worker gets, as on a
+    LocalCluster. ``teardown`` puts the worker's previous size back (the cluster outlives the run). GDAL's cache is
+    per process: two runs with different sizes on one cluster at the same time get the later one's.
+    """
+
+    def __init__(self, nbytes: int):
+        self.nbytes = int(nbytes)
+        self.previous: int | None = None
+
+    def setup(self, worker) -> None:
+        import rasterio.env
+
+        self.previous = int(rasterio.env.get_gdal_config("GDAL_CACHEMAX"))
+        rasterio.env.set_gdal_config("GDAL_CACHEMAX", self.nbytes)
+
+    def teardown(self, worker) -> None:
+        import rasterio.env
+
+        if self.previous is not None and int(rasterio.env.get_gdal_config("GDAL_CACHEMAX")) == self.nbytes:
+            rasterio.env.set_gdal_config("GDAL_CACHEMAX", self.previous)

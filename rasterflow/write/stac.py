@@ -1,0 +1,556 @@
+"""STAC metadata for the outputs of a run, and the description the writers put into COG tags and Zarr attributes.
+
+After the data is complete, :func:`write_stac` writes, next to the output (``out/ndvi.tif`` or ``out/ndvi.zarr``),
+named like the run report (``<output>.report.json``), so a Zarr and a COG of one job never collide:
+
+``<file>.stac-item.json``
+    One STAC Item per output file (one per period / quantile for COG, one for a Zarr store): ``proj:code``,
+    ``proj:shape``, ``proj:transform``; ``raster:bands`` (nodata, data_type, scale, offset and statistics of the
+    stored values); ``start_datetime``/``end_datetime`` of the window or of the file's period; the processing
+    extension (software versions, lineage, the band expressions); ``derived_from`` links to every input item;
+    ``file:size`` and (for files) ``file:checksum`` of each asset.
+``<output>.stac-collection.json``
+    The run's Collection (id = the pipeline name): extent and one ``item`` link per Item. Written for single-output
+    runs too, because an Item that names its collection must link to it, and a next spec selects the items by
+    ``collections: [<pipeline name>]``.
+``<output>.stac-items.json``
+    All Items as a GeoJSON FeatureCollection: a local catalog another rasterflow spec can search directly.
+
+Each document is written atomically (temporary file, then rename) and only after the data, the items file last,
+so the presence of ``<output>.stac-items.json`` means the whole run is complete. Hrefs are absolute (local paths or
+the output URL), so the items work from wherever they are read.
+
+This module is light: stdlib at import time; numpy, rasterio, zarr and pyproj load inside the functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rasterflow.write.common import Encoding, cog_entries, is_remote
+
+__all__ = [
+    "STAC_VERSION",
+    "STAC_EXTENSIONS",
+    "RunDescription",
+    "StacOutputs",
+    "describe_run",
+    "stac_paths",
+    "item_path",
+    "write_stac",
+]
+
+STAC_VERSION = "1.1.0"
+STAC_EXTENSIONS = {
+    "proj": "https://stac-extensions.github.io/projection/v2.0.0/schema.json",
+    "raster": "https://stac-extensions.github.io/raster/v1.1.0/schema.json",
+    "processing": "https://stac-extensions.github.io/processing/v1.2.0/schema.json",
+    "file": "https://stac-extensions.github.io/file/v2.1.0/schema.json",
+}
+COG_MEDIA_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
+ZARR_MEDIA_TYPE = "application/vnd+zarr"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# what a run computed: shared by the COG tags, the Zarr attributes and the STAC documents
+
+
+@dataclasses.dataclass(frozen=True)
+class PeriodInfo:
+    """The time range and the inputs of one period (or of the whole window)."""
+
+    start: dt.datetime
+    end: dt.datetime
+    n_items: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDescription:
+    """What produced the outputs, decided by the plan (nothing here reads pixels)."""
+
+    name: str
+    method: str | None
+    """The reduction (``median``...), None for a time series."""
+    quantiles: tuple[float, ...]
+    period: str | None
+    """``month`` | ``season`` | ``year``, None for the whole window."""
+    window: PeriodInfo
+    periods: Mapping[str, PeriodInfo]
+    """Per period label ("2024-06"): its range, clipped to the window, and how many items fall in it."""
+    expressions: tuple[tuple[str, str], ...]
+    mask: str | None
+    version: str
+    item_ids: tuple[str, ...]
+
+    def range_of(self, labels: Mapping[str, Any]) -> PeriodInfo:
+        """The time range of one output entry (its period's, else the window's)."""
+        label = labels.get("period")
+        if label is not None and str(label) in self.periods:
+            return self.periods[str(label)]
+        return self.window
+
+    def attrs(self) -> dict[str, Any]:
+        """JSON-valued attributes (Zarr group attributes; COG tags as text)."""
+        out: dict[str, Any] = {
+            "rasterflow_version": self.version,
+            "rasterflow_pipeline": self.name,
+            "rasterflow_method": self.method or "none",
+            "rasterflow_start_datetime": _rfc3339(self.window.start),
+            "rasterflow_end_datetime": _rfc3339(self.window.end),
+            "rasterflow_item_count": self.window.n_items,
+            "rasterflow_expressions": dict(self.expressions),
+        }
+        if self.quantiles:
+            out["rasterflow_quantiles"] = list(self.quantiles)
+        if self.period:
+            out["rasterflow_period"] = self.period
+        if self.mask:
+            out["rasterflow_mask"] = self.mask
+        return out
+
+    def entry_attrs(self, labels: Mapping[str, Any]) -> dict[str, Any]:
+        """What differs for one file of a per-period output: its own range and item count."""
+        if labels.get("period") is None:
+            return {}
+        info = self.range_of(labels)
+        return {"rasterflow_start_datetime": _rfc3339(info.start), "rasterflow_end_datetime": _rfc3339(info.end),
+                "rasterflow_item_count": info.n_items}
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
+
+
+def _rfc3339(value: dt.datetime) -> str:
+    from rasterflow.spec.timeparse import format_rfc3339
+
+    return format_rfc3339(value)
+
+
+def _period_bounds(label: str, period: str) -> tuple[dt.datetime, dt.datetime]:
+    """[first instant, last instant] of a period label as :func:`rasterflow.kernels.period_labels` writes them."""
+    utc = dt.timezone.utc
+    last = dt.timedelta(microseconds=1)
+    if period == "year":
+        year = int(label)
+        return dt.datetime(year, 1, 1, tzinfo=utc), dt.datetime(year + 1, 1, 1, tzinfo=utc) - last
+    if period == "month":
+        year, month = (int(p) for p in label.split("-"))
+        nxt = dt.datetime(year + (month == 12), month % 12 + 1, 1, tzinfo=utc)
+        return dt.datetime(year, month, 1, tzinfo=utc), nxt - last
+    if period == "season":
+        year_text, season = label.split("-")
+        year = int(year_text)
+        first_month = {"DJF": 12, "MAM": 3, "JJA": 6, "SON": 9}[season]
+        start = dt.datetime(year - 1 if season == "DJF" else year, first_month, 1, tzinfo=utc)
+        end_month = first_month + 3
+        end = dt.datetime(start.year + (end_month > 12), (end_month - 1) % 12 + 1, 1, tzinfo=utc)
+        return start, end - last
+    raise ValueError(f"unknown period {period!r}")
+
+
+def describe_run(plan: Any, *, window: tuple[dt.datetime | None, dt.datetime | None], period: str | None = None,
+                 mask: str | None = None, version: str | None = None) -> RunDescription:
+    """The description of a planned run.
+
+    Parameters
+    ----------
+    plan : rasterflow.plan.JobPlan
+        A plan made with the searched items.
+    window : (start, end)
+        The search window (``DatetimeWindow.resolve()``); an open end is replaced by the first / last item's time.
+    period : str, optional
+        ``reduce.period``.
+    mask : str, optional
+        The spec's mask expression.
+    """
+    from rasterflow.kernels import period_labels
+    from rasterflow.spec.timeparse import parse_instant
+
+    if version is None:
+        from rasterflow import __version__ as version
+    times = sorted(_utc(parse_instant(item["properties"].get("datetime") or item["properties"]["start_datetime"]))
+                   for item in plan.items)
+    start, end = window
+    start = _utc(start) if start is not None else (times[0] if times else dt.datetime.now(dt.timezone.utc))
+    end = _utc(end) if end is not None else (times[-1] if times else start)
+    periods: dict[str, PeriodInfo] = {}
+    if period and times:
+        import numpy as np
+
+        labels = period_labels([np.datetime64(t.replace(tzinfo=None)) for t in times], period)
+        for label in dict.fromkeys(labels):
+            first, last = _period_bounds(label, period)
+            periods[label] = PeriodInfo(max(first, start), min(last, end), labels.count(label))
+    program = plan.program
+    return RunDescription(
+        name=plan.name, method=program.reduce_method if program is not None else None,
+        quantiles=tuple(program.quantiles) if program is not None else (), period=period,
+        window=PeriodInfo(start, end, len(plan.items)), periods=periods, expressions=tuple(plan.expressions),
+        mask=mask, version=str(version), item_ids=tuple(str(item.get("id")) for item in plan.items),
+    )
+
+
+def leading_coords(plan: Any) -> dict[str, list]:
+    """The output's leading dimensions (period, quantile) as the writers name them."""
+    coords: dict[str, list] = {}
+    if plan.period_labels:
+        coords["period"] = list(plan.period_labels)
+    if plan.quantile_dim and plan.program is not None:
+        coords["quantile"] = list(plan.program.quantiles)
+    return coords
+
+
+def cog_file_metadata(description: RunDescription, output_path: str, plan: Any) -> dict[str, dict[str, Any]]:
+    """Per COG file: the tags that differ from the run's (its period's range and item count)."""
+    return {path: description.entry_attrs(labels)
+            for _pos, labels, path in cog_entries(output_path, leading_coords(plan))}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# file helpers (local paths and fsspec URLs)
+
+
+def stac_paths(output_path: str) -> tuple[str, str]:
+    """``(collection, items file)`` of an output: ``<output>.stac-collection.json``, ``<output>.stac-items.json``
+    (``out/ndvi.tif`` -> ``out/ndvi.tif.stac-items.json``; per-period files keep the name the spec gives)."""
+    base = str(output_path).rstrip("/")
+    return base + ".stac-collection.json", base + ".stac-items.json"
+
+
+def item_path(file_path: str) -> str:
+    """The Item of one output file: ``out/ndvi_2024-06.tif`` -> ``out/ndvi_2024-06.tif.stac-item.json``."""
+    return str(file_path).rstrip("/") + ".stac-item.json"
+
+
+def _absolute(path: str) -> str:
+    return str(path) if is_remote(path) else os.path.abspath(str(path))
+
+
+def _write_text(path: str, text: str) -> None:
+    """Atomically: a temporary file beside ``path`` (mode 0666 minus the umask, like any new file), then rename."""
+    if is_remote(path):
+        import fsspec.core
+
+        fs, target = fsspec.core.url_to_fs(path)
+        fs.pipe_file(target, text.encode())
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def _open_binary(path: str):
+    if is_remote(path):
+        import fsspec
+
+        return fsspec.open(path, "rb").open()
+    return open(path, "rb")
+
+
+def file_checksum(path: str) -> str:
+    """``file:checksum``: the SHA2-256 multihash (``1220`` + hex digest) of a file."""
+    digest = hashlib.sha256()
+    with _open_binary(path) as handle:
+        for chunk in iter(lambda: handle.read(4 * 2**20), b""):
+            digest.update(chunk)
+    return "1220" + digest.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# statistics of what was written
+
+
+class _Stats:
+    """Streaming minimum, maximum, mean, standard deviation and valid percentage of stored values."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0
+        self.sum = 0.0
+        self.sumsq = 0.0
+        self.min = float("inf")
+        self.max = float("-inf")
+
+    def add(self, values: Any, nodata: float | None) -> None:
+        import numpy as np
+
+        values = np.asarray(values)
+        self.total += values.size
+        valid = values
+        if values.dtype.kind == "f":
+            valid = valid[~np.isnan(valid)]
+        if nodata is not None and not np.isnan(nodata):
+            valid = valid[valid != nodata]
+        if valid.size == 0:
+            return
+        as_float = valid.astype(np.float64)
+        self.count += valid.size
+        self.sum += float(as_float.sum())
+        self.sumsq += float(np.square(as_float).sum())
+        self.min = min(self.min, float(as_float.min()))
+        self.max = max(self.max, float(as_float.max()))
+
+    def as_stac(self) -> dict[str, float]:
+        percent = 100.0 * self.count / self.total if self.total else 0.0
+        if not self.count:
+            return {"valid_percent": 0.0}
+        mean = self.sum / self.count
+        variance = max(0.0, self.sumsq / self.count - mean * mean)
+        return {"minimum": self.min, "maximum": self.max, "mean": mean, "stddev": variance ** 0.5,
+                "valid_percent": percent}
+
+
+def _cog_statistics(path: str) -> list[dict[str, float]]:
+    import rasterio
+
+    with rasterio.Env(GDAL_PAM_ENABLED="NO"), rasterio.open(path) as src:  # no .aux.xml beside the output
+        stats = [_Stats() for _ in range(src.count)]
+        for _ij, window in src.block_windows(1):
+            block = src.read(window=window)
+            for band, acc in enumerate(stats):
+                acc.add(block[band], src.nodata)
+    return [s.as_stac() for s in stats]
+
+
+def _zarr_statistics(path: str, names: Sequence[str]) -> list[dict[str, float]]:
+    import itertools
+
+    import numpy as np
+    import zarr
+
+    group = zarr.open_group(str(path), mode="r")
+    out = []
+    for name in names:
+        array = group[name]
+        assert isinstance(array, zarr.Array), f"{name} in {path} is not an array"
+        fill = array.fill_value
+        nodata = None if fill is None else float(fill)
+        acc = _Stats()
+        ranges = [range(0, n, c) for n, c in zip(array.shape, array.chunks)]
+        for starts in itertools.product(*ranges):
+            region = tuple(slice(s, min(s + c, n)) for s, c, n in zip(starts, array.chunks, array.shape))
+            acc.add(np.asarray(array[region]), nodata)
+        out.append(acc.as_stac())
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the documents
+
+
+@dataclasses.dataclass(frozen=True)
+class StacOutputs:
+    """The STAC documents a run wrote."""
+
+    items: tuple[str, ...]
+    collection: str
+    items_file: str
+
+
+def _footprint(crs: str, bounds: Sequence[float]) -> tuple[dict, list[float]]:
+    """WGS84 polygon (densified edges) and bbox of the output grid."""
+    from pyproj import Transformer
+
+    minx, miny, maxx, maxy = bounds
+    transformer = Transformer.from_crs(crs, "EPSG:4326", always_xy=True)
+    n = 8
+    ring = ([(minx + (maxx - minx) * i / n, maxy) for i in range(n)]
+            + [(maxx, maxy - (maxy - miny) * i / n) for i in range(n)]
+            + [(maxx - (maxx - minx) * i / n, miny) for i in range(n)]
+            + [(minx, miny + (maxy - miny) * i / n) for i in range(n)])
+    xs, ys = transformer.transform([p[0] for p in ring], [p[1] for p in ring])
+    coords = [[round(float(x), 9), round(float(y), 9)] for x, y in zip(xs, ys)]
+    coords.append(coords[0])
+    bbox = [min(c[0] for c in coords), min(c[1] for c in coords), max(c[0] for c in coords),
+            max(c[1] for c in coords)]
+    return {"type": "Polygon", "coordinates": [coords]}, bbox
+
+
+def _nodata_value(value: float | None) -> Any:
+    import math
+
+    if value is None:
+        return None
+    if math.isnan(value):
+        return "nan"
+    return int(value) if float(value).is_integer() else float(value)
+
+
+def _input_link(item: Mapping[str, Any], catalog: str | None) -> dict[str, str]:
+    """A ``derived_from`` link: the input item's self link, else where it was found."""
+    for link in item.get("links") or []:
+        if isinstance(link, Mapping) and link.get("rel") == "self" and link.get("href"):
+            return {"rel": "derived_from", "href": str(link["href"]), "type": "application/geo+json",
+                    "title": str(item.get("id"))}
+    href = catalog or ""
+    if href.startswith(("http://", "https://")) and item.get("collection"):
+        href = f"{href.rstrip('/')}/collections/{item['collection']}/items/{item.get('id')}"
+    elif href and not is_remote(href):
+        href = os.path.abspath(href)
+    return {"rel": "derived_from", "href": href, "type": "application/geo+json", "title": str(item.get("id"))}
+
+
+def write_stac(
+    result: Any,
+    plan: Any,
+    description: RunDescription,
+    *,
+    output_path: str,
+    encoding: Encoding,
+    software: Mapping[str, str | None],
+    catalog: str | None = None,
+) -> StacOutputs:
+    """Write an Item per output file, the run's Collection and the items file, after the data is complete.
+
+    Parameters
+    ----------
+    result : rasterflow.write.WriteResult
+        What the writer produced (its ``paths`` exist and are complete).
+    plan : rasterflow.plan.JobPlan
+        The plan the outputs were computed from (grid, items, bands).
+    description : RunDescription
+        From :func:`describe_run`.
+    output_path : str
+        The output as the spec names it (before per-period / per-quantile suffixes).
+    encoding : Encoding
+        The resolved encoding the writer used (stored dtype, scale, offset, nodata).
+    software : mapping
+        Library versions for ``processing:software``.
+    catalog : str, optional
+        The input catalog (file or API root), for ``derived_from`` links of items without a self link.
+    """
+    import numpy as np
+
+    fmt = result.format
+    grid = plan.grid
+    names = list(plan.program.band_names) if plan.program is not None else []
+    geometry, bbox = _footprint(grid.crs, grid.bounds)
+    collection_path, items_path = stac_paths(output_path)
+    now = _rfc3339(dt.datetime.now(dt.timezone.utc))
+    if fmt == "cog":
+        entries = [(labels, path) for _pos, labels, path in cog_entries(output_path, leading_coords(plan))]
+    else:
+        entries = [({}, str(result.paths[0]))]
+    derived = [_input_link(item, catalog) for item in plan.items]
+    items: list[dict] = []
+    item_files: list[str] = []
+    for labels, path in entries:
+        stats = _cog_statistics(path) if fmt == "cog" else _zarr_statistics(path, names)
+        bands = []
+        for name, stat in zip(names, stats):
+            band: dict[str, Any] = {"name": name, "nodata": _nodata_value(encoding.nodata),
+                                    "data_type": np.dtype(encoding.dtype).name, "statistics": stat}
+            if encoding.is_scaled:
+                band["scale"] = encoding.scale
+                band["offset"] = encoding.offset
+            bands.append(band)
+        from rasterflow.write.common import path_size
+
+        asset: dict[str, Any] = {
+            "href": _absolute(path), "type": COG_MEDIA_TYPE if fmt == "cog" else ZARR_MEDIA_TYPE,
+            "title": ", ".join(names), "roles": ["data"], "raster:bands": bands, "file:size": path_size(path),
+        }
+        if fmt == "cog":
+            asset["file:checksum"] = file_checksum(path)
+        info = description.range_of(labels)
+        properties: dict[str, Any] = {
+            # the period's start: readers that need one instant (rasterflow's own planner among them) get one
+            "datetime": _rfc3339(info.start),
+            "start_datetime": _rfc3339(info.start),
+            "end_datetime": _rfc3339(info.end),
+            "created": now,
+            "proj:code": grid.crs,
+            "proj:shape": [int(grid.shape[0]), int(grid.shape[1])],
+            "proj:transform": [float(v) for v in grid.transform],
+            "proj:bbox": [float(v) for v in grid.bounds],
+            "processing:software": {"rasterflow": description.version,
+                                    **{k: v for k, v in software.items() if v and k != "rasterflow"}},
+            "processing:datetime": now,
+            "processing:lineage": _lineage(description, labels, info),
+            "processing:expression": {"format": "rasterflow", "expression": dict(description.expressions)},
+            "rasterflow:method": description.method or "none",
+            "rasterflow:item_count": info.n_items,
+        }
+        if labels.get("period") is not None:
+            properties["rasterflow:period"] = str(labels["period"])
+        if labels.get("quantile") is not None:
+            properties["rasterflow:quantile"] = float(labels["quantile"])
+        elif len(description.quantiles) == 1:
+            properties["rasterflow:quantile"] = float(description.quantiles[0])
+        item_file = item_path(path)
+        item_id = os.path.basename(str(path).rstrip("/"))  # with its extension: a Zarr and a COG of one job differ
+        item = {
+            "type": "Feature",
+            "stac_version": STAC_VERSION,
+            "stac_extensions": list(STAC_EXTENSIONS.values()),
+            "id": item_id,
+            "collection": description.name,
+            "geometry": geometry,
+            "bbox": bbox,
+            "properties": properties,
+            "links": [
+                {"rel": "self", "href": _absolute(item_file), "type": "application/geo+json"},
+                {"rel": "collection", "href": _absolute(collection_path), "type": "application/json"},
+                {"rel": "parent", "href": _absolute(collection_path), "type": "application/json"},
+                {"rel": "root", "href": _absolute(collection_path), "type": "application/json"},
+                *derived,
+            ],
+            "assets": {"data": asset},
+        }
+        _write_text(item_file, json.dumps(item, indent=2, allow_nan=False) + "\n")
+        items.append(item)
+        item_files.append(item_file)
+
+    starts = [item["properties"]["start_datetime"] for item in items]
+    ends = [item["properties"]["end_datetime"] for item in items]
+    collection = {
+        "type": "Collection",
+        "stac_version": STAC_VERSION,
+        "stac_extensions": [],
+        "id": description.name,
+        "title": description.name,
+        "description": f"Outputs of the rasterflow pipeline {description.name!r}: "
+                       f"{_lineage(description, {}, description.window)}",
+        "license": "other",
+        "extent": {"spatial": {"bbox": [bbox]}, "temporal": {"interval": [[min(starts), max(ends)]]}},
+        "links": [
+            {"rel": "self", "href": _absolute(collection_path), "type": "application/json"},
+            {"rel": "root", "href": _absolute(collection_path), "type": "application/json"},
+            *({"rel": "item", "href": _absolute(f), "type": "application/geo+json"} for f in item_files),
+        ],
+    }
+    _write_text(collection_path, json.dumps(collection, indent=2, allow_nan=False) + "\n")
+    # last: its presence means every output and every document of the run is complete
+    _write_text(items_path, json.dumps({"type": "FeatureCollection", "features": items}, indent=2,
+                                       allow_nan=False) + "\n")
+    return StacOutputs(items=tuple(item_files), collection=collection_path, items_file=items_path)
+
+
+def _lineage(description: RunDescription, labels: Mapping[str, Any], info: PeriodInfo) -> str:
+    method = description.method or "time series"
+    if labels.get("quantile") is not None:
+        method = f"quantile {float(labels['quantile']):g}"
+    elif description.quantiles:
+        method = "quantile " + ", ".join(f"{q:g}" for q in description.quantiles)
+    bands = "; ".join(f"{name} = {expr}" for name, expr in description.expressions)
+    text = f"{method} of {info.n_items} items from {_rfc3339(info.start)} to {_rfc3339(info.end)}: {bands}"
+    if description.mask:
+        text += f" (pixels where {description.mask} dropped)"
+    return text

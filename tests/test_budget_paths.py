@@ -1,0 +1,459 @@
+"""The memory model per code path (issue 10), with hand-computed numbers; the streaming std kernel against NumPy;
+the static check's stated assumptions; fixes that pass when pasted (and one that runs within its limit); a failed
+run's report with memory samples."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from rasterflow import budget, kernels
+from rasterflow.cli import cli
+from rasterflow.expr import parse_expression
+from rasterflow.plan import make_plan
+from rasterflow.spec import load_spec_text
+from rasterflow.spec.models import Spec
+
+MB = 10**6
+GB = 10**9
+NDVI = parse_expression("(nir - red) / (nir + red)", ["red", "nir", "scl"], what="band")
+MASK = parse_expression("scl in (3, 8, 9, 10)", ["red", "nir", "scl"], what="mask")
+
+
+def _shape(method: str | None = "median", *, bands: int = 1, period: bool = False, mosaic: bool = False,
+           fmt: str = "zarr", quantiles: int = 0) -> budget.PipelineShape:
+    return budget.PipelineShape(
+        assets_loaded=("red", "nir", "scl"), mask=MASK, masked_assets=("red", "nir"),
+        bands=tuple((f"b{i}", NDVI) for i in range(bands)), reduce_method=method, n_quantiles=quantiles,
+        has_period=period, mosaics_passes=mosaic, output_format=fmt)
+
+
+def _inputs(**changes) -> budget.BudgetInputs:
+    base = budget.BudgetInputs(
+        grid_shape=(2048, 2048), n_time=16, time_source="search", chunk_time=-1, chunk_y=1024, chunk_x=1024,
+        dtype="float32", threads_per_worker=1, n_workers=1, memory_limit=8 * GB, limit_source="spec",
+        gdal_cachemax=64 * MB, max_fraction=0.5, asset_dtypes=("uint16", "uint16", "uint8"))
+    return dataclasses.replace(base, **changes)
+
+
+PX = 1024 * 1024
+ONE = PX * 4  # one date of one band, float32
+BLOCK = 16 * PX * (2 + 2 + 1)  # 16 items of red, nir (uint16) and scl (uint8)
+
+
+# --- per path, by hand ----------------------------------------------------------------------------------------------
+
+
+def test_fused_median_holds_block_series_and_one_date_temporaries():
+    report = budget.estimate(_shape("median"), _inputs())
+    assert report.path == "fused"
+    stages = {s.stage: s.bytes_per_task for s in report.stages}
+    held = BLOCK + 16 * ONE  # the raw block + the ndvi series of 16 dates
+    assert stages["load"] == BLOCK
+    # mask: 3 assets as one-date working planes + the OR-chain's temporaries (4 live - 1 name = 3)
+    assert stages["mask"] == held + 6 * ONE
+    assert stages["reduce median"] == int(held + 0.1 * 16 * ONE + ONE)  # bottleneck's result + the output plane
+    # 4 chunks for 1 worker and 1 thread: one task at a time; 48 files open; the cache fills (decodes 84 MB a chunk)
+    assert report.concurrent_tasks == 1 and report.gdal_cache_bytes == 64 * MB
+    assert report.peak_per_worker == held + 6 * ONE + 48 * budget.OPEN_FILE_BYTES + 64 * MB \
+        + budget.WORKER_BASELINE_BYTES
+
+
+def test_threads_are_capped_by_the_tasks_a_worker_gets():
+    # one 2048² chunk on a worker with 3 threads: only one task ever runs (issue: predicted 1.91x the measured peak)
+    one_chunk = _inputs(chunk_y=2048, chunk_x=2048, threads_per_worker=3)
+    report = budget.estimate(_shape("mean"), one_chunk)
+    assert report.concurrent_tasks == 1
+    assert report.tasks_bytes == report.peak_task_bytes
+    assert report.peak_per_worker == report.peak_task_bytes + report.open_files_bytes + 64 * MB \
+        + budget.WORKER_BASELINE_BYTES
+    # 4 chunks on 2 workers × 3 threads: 2 tasks each
+    report = budget.estimate(_shape("mean"), _inputs(threads_per_worker=3, n_workers=2))
+    assert report.concurrent_tasks == 2
+
+
+def test_edge_chunks_count_at_their_real_size():
+    # 2048² cut at 1536: chunks 1536², 1536×512, 512×1536, 512²; two threads hold the two largest at once
+    inputs = _inputs(chunk_y=1536, chunk_x=1536, threads_per_worker=2)
+    shapes = budget.task_shapes(_shape("median"), inputs)
+    assert [(t.rows, t.cols, t.count) for t in shapes] == [(1536, 1536, 1), (1536, 512, 1), (512, 1536, 1),
+                                                           (512, 512, 1)]
+    report = budget.estimate(_shape("median"), inputs)
+    small = dataclasses.replace(inputs, grid_shape=(1536, 512), chunk_y=1536, chunk_x=512)
+    big = dataclasses.replace(inputs, grid_shape=(1536, 1536))
+    second = budget.estimate(_shape("median"), small)
+    block = second.stages[0].bytes_per_task
+    # the largest at its peak, the second with its block and 0.6 of the rest (budget.CONCURRENT_RAMP)
+    assert report.tasks_bytes == budget.estimate(_shape("median"), big).peak_task_bytes \
+        + int(block + budget.CONCURRENT_RAMP * (second.peak_task_bytes - block))
+    # not twice the full chunk
+    assert report.tasks_bytes < 2 * report.peak_task_bytes * 0.7
+
+
+def test_gdal_cache_is_capped_by_the_bytes_a_worker_decodes():
+    # 512² chunks on a 1024² grid, 16 items, 5 B per item and pixel: the worker decodes 16 × 1024² × 5 = 83.9 MB,
+    # so a 256 MB cache holds 83.9 MB (issue: the demo was predicted 2x its peak with the cache assumed full)
+    inputs = _inputs(grid_shape=(1024, 1024), chunk_y=512, chunk_x=512, gdal_cachemax=256 * MB)
+    report = budget.estimate(_shape("median"), inputs)
+    assert report.gdal_cache_bytes == 16 * 1024 * 1024 * 5
+    # with 2 workers each decodes half
+    assert budget.estimate(_shape("median"), dataclasses.replace(inputs, n_workers=2)).gdal_cache_bytes \
+        == 16 * 1024 * 1024 * 5 // 2
+    # source tiles of 768 px: a 512² window decodes whole 768² tiles
+    tiled = dataclasses.replace(inputs, source_tile=(768, 768))
+    assert budget.estimate(_shape("median"), tiled).gdal_cache_bytes == 4 * 16 * 768 * 768 * 5
+
+
+def test_open_files_are_bounded_by_the_readers_lru():
+    report = budget.estimate(_shape("median"), _inputs(n_time=400))
+    assert report.open_files_bytes == budget.MAX_OPEN_PER_THREAD * budget.OPEN_FILE_BYTES  # not 1200 files
+
+
+def test_tree_std_counts_partials_not_float64_copies():
+    # time chunked by 4: 4 band-block tasks per spatial chunk, each 4 items deep
+    inputs = _inputs(chunk_time=4)
+    report = budget.estimate(_shape("std"), inputs)
+    assert report.path == "tree"
+    stages = {s.stage: s.bytes_per_task for s in report.stages}
+    block4 = 4 * PX * 5
+    series4 = 4 * ONE
+    assert stages["load"] == block4
+    assert stages["bands out"] == block4 + series4 + series4
+    # the band's block + std_partials' 8 one-date temporaries + its (count, mean, M2 (+1)) partial
+    assert stages["reduce std (tree)"] == series4 + 8 * ONE + 4 * ONE
+    assert stages["combine std (tree)"] == 4 * 4 * ONE + 2 * ONE
+    # held between tasks: a finished block and the partials of 4 time chunks waiting
+    assert report.held_bytes == series4 + 4 * 4 * ONE
+    assert report.peak_task_bytes == 18 * ONE and report.tasks_bytes == 38 * ONE  # 159 MB
+    # da.nanstd's float64 copies (~8 planes of the 4-date series above the input) would be 134 MB per task alone
+    assert report.tasks_bytes < 8 * 2 * series4 + series4 + 16 * ONE
+
+
+def test_tree_mean_partials_and_count_in_int64():
+    mean = budget.estimate(_shape("mean"), _inputs(chunk_time=4))
+    count = budget.estimate(_shape("count"), _inputs(chunk_time=4))
+    # mean: {"n", "total"} = 2 one-date planes per time chunk; count: an int64 sum = 2 float32 planes
+    for report, method in ((mean, "mean"), (count, "count")):
+        assert {s.stage: s.bytes_per_task for s in report.stages}[f"combine {method} (tree)"] == 4 * 2 * ONE + 2 * ONE
+        assert report.held_bytes == 4 * ONE + 4 * 2 * ONE
+
+
+def test_series_holds_a_finished_block_while_it_is_written():
+    report = budget.estimate(_shape(None), _inputs())
+    assert report.path == "series"
+    stages = {s.stage: s.bytes_per_task for s in report.stages}
+    held = BLOCK + 16 * ONE
+    assert stages["bands out"] == held + 16 * ONE
+    assert stages["mask"] == held + 6 * ONE
+    assert report.held_bytes == 16 * ONE  # the (date, band) block of 1 band
+    assert report.tasks_bytes == held + 16 * ONE + 16 * ONE
+
+
+def test_solar_day_sizes_series_by_passes_and_the_block_by_items():
+    # 24 items in 12 passes (two tiles per pass)
+    inputs = _inputs(n_time=24, n_dates=12, chunk_time=4)
+    shape = _shape("median", mosaic=True)
+    report = budget.estimate(shape, inputs)
+    assert report.path == "fused"  # solar_day reads every item in one task whatever chunks.time says
+    (task,) = budget.task_shapes(shape, inputs)
+    assert (task.items, task.dates, task.count) == (24, 12, 4)
+    stages = {s.stage: s.bytes_per_task for s in report.stages}
+    assert stages["load"] == 24 * PX * 5
+    # mask: + the next tile's 3 planes and the two boolean masks (0.5)
+    assert stages["mask"] == int(24 * PX * 5 + 12 * ONE + (3 + 3.5 + 3) * ONE)
+
+
+def test_coverage_planes_and_mixed_load_dtypes():
+    plain = budget.estimate(_shape("median"), _inputs())
+    covered = budget.estimate(_shape("median"), _inputs(coverage_assets=2))
+    assert covered.stages[0].bytes_per_task - plain.stages[0].bytes_per_task == 2 * 16 * PX  # bool, 1 B a pixel
+    wide = budget.estimate(_shape("median"), _inputs(asset_dtypes=("uint16",) * 3))
+    assert wide.stages[0].bytes_per_task - plain.stages[0].bytes_per_task == 16 * PX  # scl as uint16, not uint8
+
+
+def test_periods_count_the_largest_period_subset():
+    inputs = _inputs(group_dates=3)
+    report = budget.estimate(_shape("quantile", period=True, quantiles=3), inputs)
+    stages = {s.stage: s.bytes_per_task for s in report.stages}
+    held = BLOCK + 16 * ONE
+    # the subset copy (3 dates) + sort's 2.5 copies of it + the result: ceil(16/3) = 6 periods × 3 quantiles
+    assert stages["reduce quantile"] == int(held + 2.5 * 3 * ONE + 3 * ONE + 6 * 3 * ONE)
+
+
+def test_cog_client_is_budgeted_and_checked_against_the_machine():
+    shape = _shape("median", fmt="cog")
+    inputs = _inputs(machine_memory=16 * GB, n_workers=2, memory_limit=7 * GB, threads_per_worker=2)
+    report = budget.estimate(shape, inputs)
+    # 4 chunks, at most 2 × 4 threads in flight -> 4 blocks of 1024² float32; the 16.8 MB output fits the cache
+    assert report.client_peak == budget.CLIENT_BASELINE_BYTES + budget.COG_WRITER_BYTES + 4 * ONE + 4 * PX * 4
+    assert report.ok
+    # workers take 15.8 GB of 16 GB: the client's ~0.3 GB does not fit beside them
+    tight = budget.estimate(shape, dataclasses.replace(inputs, memory_limit=int(7.9 * GB)))
+    assert not tight.ok
+    assert any("COG writer" in r and "lower cluster.gdal_cachemax" in r for r in tight.refusals)
+    # Zarr: the client holds no block
+    assert budget.estimate(_shape("median"), inputs).client_peak == budget.CLIENT_BASELINE_BYTES
+
+
+def test_task_count_follows_the_graph(sample, tmp_path):
+    """The estimate against the real graph of the fused path (4 chunks, 1 band)."""
+    from conftest import spec_text
+
+    from reference import load_items
+
+    from rasterflow import graph
+
+    path = tmp_path / "s.yaml"
+    path.write_text(spec_text(sample, reduce="{method: median}", chunks="{time: -1, y: 128, x: 128}"))
+    loaded = load_spec_text(path.read_text(), path=path)
+    plan = make_plan(loaded.spec, items=load_items(sample))
+    dataset = graph.build_dataset(plan)
+    graph_tasks = len(dataset["ndvi"].data.__dask_graph__())
+    # the estimate adds a write per band and block and a few fixed tasks
+    assert graph_tasks <= plan.report.task_count <= 3 * graph_tasks + 10
+
+
+# --- the streaming std --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_std_partials_combined_in_any_split_match_numpy(dtype):
+    rng = np.random.default_rng(7)
+    values = (rng.random((23, 40, 30)) * 0.6 + 0.1).astype(dtype)
+    values[rng.random(values.shape) < 0.35] = np.nan
+    values[:, 0, 0] = np.nan  # never valid -> NaN
+    values[:22, 1, 1] = np.nan  # one valid date -> 0
+    with np.errstate(invalid="ignore"), pytest.warns(RuntimeWarning):
+        expected = np.nanstd(values.astype("float64"), axis=0)
+    whole = kernels.finish_std(kernels.std_partials(values))
+    parts = np.stack([kernels.std_partials(values[a:b]) for a, b in [(0, 1), (1, 9), (9, 10), (10, 23)]])
+    split = kernels.finish_std(kernels.combine_std_partials(parts))
+    for result in (whole, split):
+        assert result.dtype == np.dtype(dtype)
+        assert np.array_equal(np.isnan(result), np.isnan(expected))
+        np.testing.assert_allclose(result, expected, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-7)
+    assert whole[1, 1] == 0 and np.isnan(whole[0, 0])
+
+
+def test_tree_std_through_dask_matches_the_fused_kernel():
+    import dask
+    import dask.array as da
+
+    from rasterflow import graph
+
+    rng = np.random.default_rng(3)
+    values = rng.random((37, 70, 65)).astype("float32")
+    values[rng.random(values.shape) < 0.4] = np.nan
+    with dask.config.set(scheduler="synchronous"):
+        tree = graph._tree_std(da.from_array(values, chunks=(5, 32, 32))).compute()
+    fused = kernels.reduce_time(values, "std")[0]  # bottleneck's nanstd, the time-whole path
+    assert tree.dtype == np.float32
+    assert np.array_equal(np.isnan(tree), np.isnan(fused))
+    np.testing.assert_allclose(tree, fused, rtol=2e-5, atol=1e-7)
+
+
+# --- validate's assumptions -----------------------------------------------------------------------------------------
+
+
+SPEC = textwrap.dedent(
+    """\
+    version: 1
+    name: paths-case
+    source:
+      stac:
+        catalog: items.json
+        collections: [c]
+        bbox: [13.0, 52.3, 13.8, 52.7]
+        datetime: 2024-06-01/2024-08-31
+        max_items: 24
+      assets: {red: red, nir: nir, scl: scl}
+    grid: {crs: "EPSG:32633", resolution: 10, bounds: [0, 0, 40960, 40960], dtype: float32}
+    chunks: {time: -1, y: 2048, x: 2048}
+    mask: "scl in (3, 8, 9, 10)"
+    bands:
+      ndvi: "(nir - red) / (nir + red)"
+    reduce: {method: median}
+    output: {path: out/x.zarr}
+    cluster: {n_workers: 1, threads_per_worker: 2, memory_limit: 6GB, gdal_cachemax: 64MB}
+    """
+)
+
+
+def test_validate_states_its_assumptions(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(SPEC)
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "assumes assets loaded as float32 (the items' data types are not read)" in result.output
+    assert "24 items on the time axis, from source.stac.max_items" in result.output
+
+
+def test_validate_does_not_refuse_what_narrower_loads_fit_and_says_why(tmp_path):
+    # 24 dates × 2048² × 3 assets as float32 = 1.2 GB of block per task, × 2 threads > 0.5 × 6 GB;
+    # as uint16/uint8 (what Sentinel-2 items declare) it fits: validate must not refuse what plan accepts
+    path = tmp_path / "s.yaml"
+    path.write_text(SPEC.replace("memory_limit: 6GB", "memory_limit: 4.5GB"))
+    loaded = load_spec_text(path.read_text(), path=path)
+    conservative = budget.estimate(budget.pipeline_shape(loaded.spec), make_plan(loaded.spec).report.inputs)
+    assert not conservative.ok  # over budget with float loads
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "over budget if the assets load as float32" in result.output
+    assert "`rasterflow plan` reads the items' data types and decides" in result.output
+    # and a spec over budget even with uint8 loads is refused (exit 3) naming the assumption
+    path.write_text(SPEC.replace("memory_limit: 6GB", "memory_limit: 1.5GB"))
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 3, result.output
+    assert "assumed: assets loaded as float32" in result.output
+
+
+# --- fixes ------------------------------------------------------------------------------------------------------------
+
+
+def _checked(spec: Spec) -> budget.BudgetReport:
+    """What ``plan`` decides for items that load as float32 (the static plan's inputs, without its leniency)."""
+    shape = budget.pipeline_shape(spec)
+    inputs = dataclasses.replace(make_plan(spec).report.inputs, load_assumed=False)
+    return budget.with_fixes(budget.estimate(shape, inputs), shape)
+
+
+def _apply(spec: Spec, fix: budget.Fix) -> Spec:
+    data = spec.model_dump(mode="json", exclude_unset=True)
+    data.update(yaml.safe_load(budget.fix_text(spec, fix)))  # what a user pastes: whole sections
+    return Spec.model_validate(data)
+
+
+def test_fix_sections_are_complete_and_pin_the_checked_layout():
+    spec = load_spec_text(SPEC.replace("memory_limit: 6GB", "memory_limit: 2.2GB")
+                          .replace("max_items: 24", "max_items: 8")).spec
+    report = _checked(spec)
+    assert not report.ok
+    thread_fix = next(f for f in report.fixes if "threads_per_worker" in f.description)
+    pasted = yaml.safe_load(budget.fix_text(spec, thread_fix))
+    # the whole cluster section: the spec's own gdal_cachemax and the checked n_workers / memory_limit stay
+    assert pasted["cluster"] == {"n_workers": 1, "threads_per_worker": 1, "memory_limit": int(2.2 * GB),
+                                 "gdal_cachemax": "64MB"}
+
+
+@pytest.mark.parametrize("change", [
+    {"memory_limit: 6GB": "memory_limit: 2.2GB", "max_items: 24": "max_items: 8"},
+    {"memory_limit: 6GB": "memory_limit: 1.5GB", "gdal_cachemax: 64MB": "gdal_cachemax: 512MB",
+     "y: 2048, x: 2048": "y: 256, x: 256"},
+    {"memory_limit: 6GB": "memory_limit: 700MB", "max_items: 24": "max_items: 200",
+     "y: 2048, x: 2048": "y: 256, x: 256", "threads_per_worker: 2": "threads_per_worker: 1"},
+    {"chunks: {time: -1": "chunks: {time: 6", "memory_limit: 6GB": "memory_limit: 2GB"},
+    {"dtype: float32": "dtype: float64", "memory_limit: 6GB": "memory_limit: 3GB"},
+])
+def test_every_fix_pasted_into_its_spec_passes_with_the_same_peak(change):
+    text = SPEC
+    for old, new in change.items():
+        text = text.replace(old, new)
+    spec = load_spec_text(text).spec
+    report = _checked(spec)
+    assert not report.ok
+    assert report.fixes, report.refusals
+    for fix in report.fixes:
+        fixed = _checked(_apply(spec, fix))
+        assert fixed.ok, (fix.description, fixed.refusals)
+        assert fixed.peak_per_worker == fix.peak_per_worker
+
+
+def test_the_solver_tries_the_gdal_cache_and_max_items():
+    # 512 MB of GDAL cache on a 1.5 GB worker: a smaller cache is the fix
+    spec = load_spec_text(SPEC.replace("memory_limit: 6GB", "memory_limit: 1.5GB")
+                          .replace("gdal_cachemax: 64MB", "gdal_cachemax: 512MB")
+                          .replace("y: 2048, x: 2048", "y: 256, x: 256")).spec
+    fixes = _checked(spec).fixes
+    assert any(f.patch.get("cluster", {}).get("gdal_cachemax") == "64MB" for f in fixes), fixes
+    # 200 dates of 256² on a 700 MB worker: nothing but a shorter time axis fits
+    spec = load_spec_text(SPEC.replace("memory_limit: 6GB", "memory_limit: 700MB")
+                          .replace("max_items: 24", "max_items: 200")
+                          .replace("threads_per_worker: 2", "threads_per_worker: 1")
+                          .replace("y: 2048, x: 2048", "y: 256, x: 256")).spec
+    fixes = _checked(spec).fixes
+    items = [f for f in fixes if "max_items" in f.description]
+    assert items, fixes
+    n = items[0].patch["source"]["stac"]["max_items"]
+    assert 1 <= n < 200
+    assert not _checked(load_spec_text(SPEC.replace("memory_limit: 6GB", "memory_limit: 700MB")
+                                        .replace("max_items: 24", f"max_items: {n + 1}")
+                                        .replace("threads_per_worker: 2", "threads_per_worker: 1")
+                                        .replace("y: 2048, x: 2048", "y: 256, x: 256")).spec).ok
+
+
+def test_suggested_chunks_are_multiples_of_the_source_tiles():
+    spec = load_spec_text(SPEC.replace("memory_limit: 6GB", "memory_limit: 2GB")).spec
+    inputs = dataclasses.replace(_checked(spec).inputs, source_tile=(512, 512))
+    fixes = budget.solve_fixes(budget.pipeline_shape(spec), inputs)
+    chunk = next(f for f in fixes if "largest square" in f.description)
+    assert chunk.patch["chunks"]["y"] % 512 == 0 and "512-px source tiles" in chunk.description
+
+
+# --- real runs -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_fix_runs_within_its_limit_on_a_local_cluster(sample, tmp_path):
+    """A spec refused at an 800 MB worker; its first fix, pasted, runs on a real LocalCluster below max_fraction × limit."""
+    from conftest import spec_text
+
+    path = tmp_path / "s.yaml"
+    minx, miny, maxx, maxy = sample.bounds
+    text = spec_text(sample, reduce="{method: mean}", chunks="{time: -1, y: 1024, x: 1024}", output="out/r.zarr",
+                     cluster="{n_workers: 1, threads_per_worker: 2, memory_limit: 800MB, gdal_cachemax: 256MB}")
+    # 2.5 m pixels over the 256² sample: a 1024² output read through the warp, as float64
+    text = text.replace("resolution: 10", "resolution: 2.5").replace("crs: EPSG:32633", "crs: EPSG:32633\n  dtype: float64")
+    path.write_text(text)
+    result = CliRunner().invoke(cli, ["plan", str(path), "--fix"])
+    assert result.exit_code == 3, result.output
+    loaded = load_spec_text(text, path=path)
+    from rasterflow.run import plan_with_items, resolve_layout, search
+
+    plan = plan_with_items(loaded, search(loaded), resolve_layout(loaded.spec))
+    assert not plan.report.ok and plan.report.fixes
+    fix = plan.report.fixes[0]
+    assert budget.fix_text(loaded.spec, fix) in result.output
+    data = yaml.safe_load(text)
+    data.update(yaml.safe_load(budget.fix_text(loaded.spec, fix)))
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = CliRunner().invoke(cli, ["run", str(path)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "r.zarr.report.json").read_text())
+    allowed = 0.5 * report["memory_limit"]
+    assert report["measured_peak_per_worker"]
+    assert max(report["measured_peak_per_worker"].values()) <= allowed
+    assert report["predicted_peak_per_worker"] <= allowed
+
+
+@pytest.mark.slow
+def test_a_failed_run_keeps_its_memory_samples(sample, tmp_path):
+    from conftest import spec_text
+
+    broken = tmp_path / "broken"
+    shutil.copytree(sample.directory, broken)
+    items = json.loads((broken / "items.json").read_text())
+    for item in items["features"]:
+        for asset in item["assets"].values():
+            asset["href"] = asset["href"].replace(str(sample.directory), str(broken))
+    (broken / "items.json").write_text(json.dumps(items))
+    victim = Path(items["features"][5]["assets"]["nir"]["href"])
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 3])  # fails mid-computation
+    path = tmp_path / "s.yaml"
+    path.write_text(spec_text(sample, catalog=str(broken / "items.json"), reduce="{method: median}",
+                              output="out/fail.zarr", chunks="{time: -1, y: 64, x: 64}",
+                              cluster="{n_workers: 1, threads_per_worker: 1, memory_limit: 2GB}"))
+    result = CliRunner().invoke(cli, ["run", str(path)])
+    assert result.exit_code == 1, result.output
+    report = json.loads((tmp_path / "out" / "fail.zarr.report.json").read_text())
+    assert report["status"] == "failed"
+    assert report["memory_samples"], "a failed run's report has no memory samples"
+    assert report["measured_peak_per_worker"] and min(report["measured_peak_per_worker"].values()) > 50 * MB
+    assert any(s["worker"] == "client" for s in report["memory_samples"])
