@@ -172,10 +172,67 @@ def run_rasterflow(spec: Path, stats_dir: Path) -> Measurement:
 
 
 def read_result(path: Path, var: str = "ndvi") -> np.ndarray:
+    """The result of a variant: the Zarr variable ``var``, or band 1 of a GeoTIFF (the GDAL peer)."""
+    if Path(path).suffix.lower() in (".tif", ".tiff"):
+        import rasterio
+
+        with rasterio.open(path) as src:
+            return src.read(1)
     import xarray as xr
 
     with xr.open_zarr(path, consolidated=None) as ds:
         return ds[var].values
+
+
+def numpy_reference(catalog, rows: int = 256) -> np.ndarray:
+    """The job computed independently with rasterio + NumPy, as ``tests/reference.py`` does it, in strips of
+    ``rows`` rows (bounded memory at 8192²): every item, each asset read raw, nodata -> NaN, ``raster:bands``
+    scale and offset in float32, SCL classes dropped, NDVI in float32, ``np.nanmedian`` over time.
+
+    Cached as ``reference-median.npy`` in the sample's directory (the sample is deterministic)."""
+    import warnings
+
+    import rasterio
+    from rasterio.windows import Window
+
+    cache = Path(catalog.directory) / "reference-median.npy"
+    if cache.exists():
+        return np.load(cache)
+    items = json.loads(Path(catalog.items_json).read_text())["features"]
+    items.sort(key=lambda item: (item["properties"]["datetime"], item["id"]))
+    files = {a: [rasterio.open(item["assets"][a]["href"]) for item in items] for a in ("red", "nir", "scl")}
+    try:
+        height, width = files["red"][0].height, files["red"][0].width
+        out = np.empty((height, width), dtype=np.float32)
+        for row in range(0, height, rows):
+            window = Window(0, row, width, min(rows, height - row))
+            planes = {}
+            for asset, sources in files.items():
+                stack = []
+                for item, src in zip(items, sources):
+                    raw = src.read(1, window=window)
+                    values = raw.astype(np.float32)
+                    if src.nodata is not None:
+                        values[raw == src.nodata] = np.nan
+                    band = (item["assets"][asset].get("raster:bands") or [{}])[0]
+                    scale, offset = band.get("scale", 1.0), band.get("offset", 0.0)
+                    if scale != 1 or offset != 0:
+                        values = values * np.float32(scale) + np.float32(offset)
+                    stack.append(values)
+                planes[asset] = np.stack(stack)
+            drop = np.isin(planes["scl"], DROP_CLASSES)
+            red = np.where(drop, np.nan, planes["red"])
+            nir = np.where(drop, np.nan, planes["nir"])
+            with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN pixels
+                ndvi = ((nir - red) / (nir + red)).astype(np.float32)
+                out[row:row + window.height] = np.nanmedian(ndvi, axis=0)
+    finally:
+        for sources in files.values():
+            for src in sources:
+                src.close()
+    np.save(cache, out)
+    return out
 
 
 def compare(actual: np.ndarray, expected: np.ndarray) -> str:

@@ -262,6 +262,14 @@ def _restore_environ(saved: dict[str, str | None]) -> None:
             os.environ[key] = value
 
 
+def _configured_preloads() -> list[str]:
+    """The worker preloads of the user's Dask config (``distributed.worker.preload``: a list, or one string)."""
+    import dask
+
+    configured = dask.config.get("distributed.worker.preload", None) or []
+    return [configured] if isinstance(configured, str) else [str(p) for p in configured]
+
+
 def _start_local(settings: ClusterSettings, layout: WorkerLayout) -> tuple[Any, Any]:
     import dask
     from distributed import Client, LocalCluster
@@ -289,7 +297,8 @@ def _start_local(settings: ClusterSettings, layout: WorkerLayout) -> tuple[Any, 
                 silence_logs=logging.WARNING,
                 env=env,
                 # workers ignore SIGINT/SIGTERM/SIGHUP (the run shuts them down) and log to the run's worker log
-                preload=["rasterflow.workerinit"],
+                # (after the preloads the user's Dask config names: the argument replaces that config)
+                preload=[*_configured_preloads(), "rasterflow.workerinit"],
             )
         client = Client(cluster)
     except Exception as exc:
