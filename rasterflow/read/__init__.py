@@ -102,6 +102,26 @@ def read_planes(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int]) -> P
     return Planes(raw=tuple(raw), covered=tuple(covered), nodata=nodata, scale=scale, offset=offset)
 
 
+class _Tries:
+    """The retry loop of one file: whether an error is worth another try, the failure of the try before
+    (:func:`~rasterflow.read.remote.classify` gives an "unreadable" answer one more try), and what to drop first."""
+
+    def __init__(self, read: AssetRead, policy: ReadPolicy, *, count: bool):
+        self.read, self.policy, self.count = read, policy, count
+        self.last: Failure | None = None
+
+    def transient(self, err: BaseException) -> bool:
+        if isinstance(err, ReadFailedError):
+            self.last = err.failure
+            return err.transient
+        return False
+
+    def before_retry(self, attempt: int, err: BaseException) -> None:
+        if self.count:
+            record_retry(self.policy, self.read.href)
+        forget(self.read.href)
+
+
 def read_asset(read: AssetRead, grid: Any, resampling: str, fill: float | None, rows: tuple[int, int],
                cols: tuple[int, int], out: np.ndarray, covered: np.ndarray | None, *,
                policy: ReadPolicy | None = None) -> None:
@@ -117,25 +137,14 @@ def read_asset(read: AssetRead, grid: Any, resampling: str, fill: float | None, 
         # server again, and with nodata the file is missing in every window of this worker, not only some
         raise ReadFailedError(earlier["error"], href=read.href, status=earlier["status"], transient=False,
                               attempts=earlier["attempts"])
-    last: list[Failure | None] = [None]  # the failure of the try before: classify() gives "unreadable" one retry
-
-    def transient(err: BaseException) -> bool:
-        if isinstance(err, ReadFailedError):
-            last[0] = err.failure
-            return err.transient
-        return False
-
-    def before_retry(attempt: int, err: BaseException) -> None:
-        record_retry(policy, read.href)
-        forget(read.href)
-
+    tries = _Tries(read, policy, count=True)
     attempt = 0
     try:
-        for trying in retrying(policy.retry, transient, before_retry):
+        for trying in retrying(policy.retry, tries.transient, tries.before_retry):
             with trying:
                 attempt = trying.retry_state.attempt_number
                 _read_once(read, grid, resampling, fill, rows, cols, out, covered, policy, fresh=attempt > 1,
-                           previous=last[0])
+                           previous=tries.last)
     except ReadFailedError as err:
         forget(read.href)  # a broken handle must not serve the next window
         if attempt > 1:
@@ -195,22 +204,12 @@ def read_header(read: AssetRead, policy: ReadPolicy | None = None) -> FileHeader
     files: signed, with the run's GDAL options, transient failures retried. Raises
     :class:`~rasterflow.errors.SourceReadError` naming the file."""
     policy = policy or current_policy()
-    last: list[Failure | None] = [None]
-
-    def transient(err: BaseException) -> bool:
-        if isinstance(err, ReadFailedError):
-            last[0] = err.failure
-            return err.transient
-        return False
-
-    def before_retry(attempt: int, err: BaseException) -> None:
-        forget(read.href)
-
+    tries = _Tries(read, policy, count=False)  # plan time: the run's read statistics start with the workers
     dataset: Any = None
-    for trying in retrying(policy.retry, transient, before_retry):
+    for trying in retrying(policy.retry, tries.transient, tries.before_retry):
         with trying:
             attempt = trying.retry_state.attempt_number
-            dataset = open_source(read, fresh=attempt > 1, policy=policy, previous=last[0])
+            dataset = open_source(read, fresh=attempt > 1, policy=policy, previous=tries.last)
     try:
         tile = tuple(dataset.block_shapes[0]) if dataset.profile.get("tiled", False) else None
         return FileHeader(href=read.href, data_type=str(dataset.dtypes[0]),
