@@ -7,7 +7,10 @@ without any guessing; the file itself stays (unlinking a lock file others may ho
 holder writes its host, pid and start time into the file, so a refused run can say who holds it and since when.
 
 For remote outputs (``s3://...``) the lock lives under ``~/.cache/rasterflow/locks``: it excludes overlapping runs on
-this host only (object stores have no lock to take).
+this host only (object stores have no lock to take). Two hosts writing one remote output are not kept apart; what
+still holds then is the writers' own: a Zarr store at the final prefix is complete only once its consolidated
+metadata is written last, a COG object appears whole, and without ``overwrite`` a COG upload is conditional
+(``If-None-Match``). Schedule one writer per remote output.
 
 Stdlib + ``filelock`` only.
 """

@@ -117,8 +117,15 @@ class Existing:
 def _report_of(output_path: str) -> dict[str, Any]:
     from rasterflow.report import default_report_path
 
+    from rasterflow.write.common import filesystem, is_remote
+
+    path = default_report_path(output_path)
     try:
-        data = json.loads(Path(default_report_path(output_path)).read_text())
+        if is_remote(path):  # uploaded beside a remote output when its run committed it
+            fs, inner = filesystem(path)
+            data = json.loads(fs.cat_file(inner).decode("utf-8"))
+        else:
+            data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

@@ -270,7 +270,10 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
         start, end = window_of(spec.source.stac.datetime, now)
         output_path = _output_path(loaded, render_output_path(spec.output.path, start, end,
                                                               where=loaded.where("output", "path")))
-        own_report = own_report or Path(default_report_path(output_path))
+        # beside a local output; a remote output's report stays on this machine (<state_dir>/reports/): pathlib
+        # would turn "s3://b/x" into a local "s3:/b/x" directory
+        own_report = own_report or (None if write.common.is_remote(output_path)
+                                    else Path(default_report_path(output_path)))
         emit("start", {"spec": str(loaded.path), "name": spec.name, "output": output_path, "policy": policy})
         if not dry_run:
             lock = OutputLock(output_path, spec=str(loaded.path))
@@ -361,11 +364,19 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
                 written_report = str(report_file)
         except OSError as err:
             emit("warning", {"message": f"could not write the run report {report_file}: {err}"})
+        if written_report and committed and output_path and write.common.is_remote(output_path):
+            # beside the object too: it is how a later run recognises this output as its own (if_exists)
+            try:
+                write.common.upload_verified(written_report, default_report_path(output_path), replace=True)
+            except Exception as err:  # the output is complete; only a later overwrite/skip would not know it
+                emit("warning", {"message": f"could not upload the run report beside {output_path}: {err}; a "
+                                            "later run with if_exists skip/overwrite will refuse this output"})
         if plot and report.memory_samples and output_path:  # drawn last, so a failed run's plot says so too
             from rasterflow.report import plot_memory
 
             try:
-                png = plot_memory(report, Path(str(output_path).rstrip("/") + ".memory.png"))
+                png = plot_memory(report, Path(str(output_path).rstrip("/") + ".memory.png")
+                                  if not write.common.is_remote(output_path) else report_file.with_suffix(".png"))
                 emit("memory_plot", {"path": str(png)})
             except Exception as err:  # a plot must not fail the run
                 emit("warning", {"message": f"could not draw the memory plot: {type(err).__name__}: {err}"})
@@ -508,13 +519,11 @@ def _report_destination(own: Path | None, state_dir: str | os.PathLike, name: st
 
 
 def _leading_coords(plan: JobPlan) -> dict[str, list]:
-    """The output's leading dimensions (period, quantile) as the writers will name them."""
-    coords: dict[str, list] = {}
-    if plan.period_labels:
-        coords["period"] = list(plan.period_labels)
-    if plan.quantile_dim and plan.program is not None:
-        coords["quantile"] = list(plan.program.quantiles)
-    return coords
+    """The output's leading dimensions (period, quantile) as the writers will name them (one rule: the STAC
+    writer's)."""
+    from rasterflow.write.stac import leading_coords
+
+    return leading_coords(plan)
 
 
 def _record_plan(report: Any, plan: JobPlan) -> None:

@@ -11,6 +11,11 @@ How it streams
    its own culled sub-graph, so submitting is proportional to the block's tasks, not to the whole graph.
 2. ``rasterio.shutil.copy(..., driver="COG")`` turns it into a COG with overviews under ``GDAL_CACHEMAX``, into a
    hidden temporary file next to the output, which is renamed onto the output only when every file is done.
+   For an fsspec URL (``s3://bucket/prefix/out.tif``) both files are made in a local scratch directory and each
+   finished COG is uploaded in one go (one PUT, or a multipart upload for large files, which S3 shows only once
+   complete), then its size and checksum are compared with the local file's
+   (:func:`~rasterflow.write.common.upload_verified`); without ``overwrite`` the PUT is conditional, so an object
+   that appeared meanwhile is kept.
 
 A failure anywhere deletes the temporary files; nothing is ever written at an output path before it is complete.
 
@@ -53,6 +58,7 @@ from rasterflow.write.common import (
     publish,
     remove,
     spatial_dims,
+    upload_verified,
 )
 
 __all__ = ["write_cog"]
@@ -73,6 +79,31 @@ def _stream_name(final: str, token: str) -> str:
 def _partial_name(final: str, token: str) -> str:
     directory, name = os.path.split(final)
     return os.path.join(directory, f".{name}.rasterflow-partial-{token}.tif")
+
+
+#: Local scratch directories of remote COG writes: ``<tmp>/rasterflow-cog-<pid>-<random>``.
+_SCRATCH_PREFIX = "rasterflow-cog-"
+
+
+def _remove_dead_scratch() -> None:
+    """Delete the scratch directories of killed remote COG writes on this host (their pid is gone).
+
+    A SIGKILL leaves the local files of a remote write behind (nothing reached the object store): without this, each
+    killed nightly run would leave a COG-sized directory in the temporary directory.
+    """
+    from rasterflow.lock import pid_alive
+
+    base = tempfile.gettempdir()
+    try:
+        names = os.listdir(base)
+    except OSError:  # pragma: no cover - no temp dir to look at
+        return
+    for name in names:
+        if not name.startswith(_SCRATCH_PREFIX):
+            continue
+        pid = name[len(_SCRATCH_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
 def _tile_size(chunks: tuple[int, ...], blocksize: int) -> int:
@@ -313,7 +344,9 @@ def write_cog(
     client = _default_client(client)
 
     remote = is_remote(path)
-    scratch = tempfile.mkdtemp(prefix="rasterflow-cog-") if remote else None
+    if remote:
+        _remove_dead_scratch()
+    scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-") if remote else None
     locals_: list[str] = []  # where each final file is assembled locally
     for final in paths:
         if scratch is not None:
@@ -342,6 +375,7 @@ def write_cog(
     common_tags = {str(k): _tag_text(v) for k, v in (metadata or {}).items()}
 
     datasets: list[Any] = []
+    checksums: dict[str, str] = {}
     try:
         with rasterio.Env(GDAL_CACHEMAX=int(gdal_cachemax)):
             for (_pos, labels, final), stream in zip(entries, stream_files):
@@ -375,10 +409,8 @@ def write_cog(
                 remove(stream)
         for partial, local, final in zip(partial_files, locals_, paths):
             if remote:
-                import fsspec.core
-
-                fs, target = fsspec.core.url_to_fs(final)
-                fs.put_file(partial, target)
+                # one PUT (multipart when large), then size and checksum compared with the local file
+                checksums[final] = upload_verified(partial, final, replace=overwrite)
                 remove(partial)
             else:
                 publish(partial, local, replace=overwrite)  # never replaces what appeared meanwhile unless asked
@@ -401,4 +433,4 @@ def write_cog(
     if scratch:
         shutil.rmtree(scratch, ignore_errors=True)
     return WriteResult(paths=tuple(paths), bytes_written=sum(path_size(p) for p in paths), blocks_written=written,
-                       blocks_skipped=0, format="cog")
+                       blocks_skipped=0, format="cog", checksums=checksums)

@@ -7,6 +7,8 @@ them), so the orchestrator can check the output target before it builds a graph.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import hashlib
 import os
 import shutil
 import warnings
@@ -21,8 +23,10 @@ __all__ = [
     "is_complete_zarr",
     "cog_output_paths",
     "is_remote",
+    "filesystem",
     "zarr_staging_path",
     "publish",
+    "upload_verified",
     "read_zarr_state",
     "ZarrState",
     "path_size",
@@ -57,6 +61,9 @@ class WriteResult:
     """Blocks found finished by an earlier, interrupted run with the same fingerprint and not recomputed."""
     format: str
     """``"zarr"`` or ``"cog"``."""
+    checksums: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Per path: its ``file:checksum`` (SHA2-256 multihash) when the writer already knows it (an uploaded COG,
+    checked against the object), so the STAC item need not download the file again."""
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -73,11 +80,21 @@ def _local(path: str) -> str:
     return path[len("file://"):] if path.startswith("file://") else path
 
 
-def _fs(path: str):
-    """(fsspec filesystem, path inside it) for a URL or a local path."""
+def filesystem(path: str):
+    """(fsspec filesystem, path inside it) for a URL or a local path.
+
+    Credentials, region and endpoint come from the environment as boto users set them (``AWS_ACCESS_KEY_ID``,
+    ``AWS_PROFILE``, ``AWS_REGION``, ``AWS_ENDPOINT_URL[_S3]``...): s3fs hands them to botocore unchanged. The listing
+    cache is dropped first: workers (other processes) write objects this process's cached listings never saw.
+    """
     import fsspec.core
 
-    return fsspec.core.url_to_fs(str(path))
+    fs, inner = fsspec.core.url_to_fs(str(path))
+    fs.invalidate_cache()
+    return fs, inner
+
+
+_fs = filesystem
 
 
 def exists(path: str) -> bool:
@@ -93,7 +110,10 @@ def remove(path: str) -> None:
     if is_remote(path):
         fs, p = _fs(path)
         if fs.exists(p):
-            fs.rm(p, recursive=True)
+            try:
+                fs.rm(p, recursive=True)
+            except FileNotFoundError:  # an object store's "directory" vanished with its last object
+                pass
         return
     p = _local(path)
     if os.path.isdir(p) and not os.path.islink(p):
@@ -139,8 +159,86 @@ def publish(temp: str, final: str, *, replace: bool) -> None:
 
 
 def zarr_staging_path(path: str) -> str:
-    """Where a local Zarr write is staged before it is renamed into place: ``<path>.partial``."""
+    """Where a Zarr write is staged before it is put in place: ``<path>.partial`` (renamed locally, copied
+    object by object on an object store, see :mod:`rasterflow.write.zarr`)."""
     return str(path).rstrip("/") + STAGING_SUFFIX
+
+
+def _digests(local: str) -> tuple[str, str, int]:
+    """(MD5 hex, SHA2-256 hex, size) of a local file, in one pass."""
+    md5, sha = hashlib.md5(usedforsecurity=False), hashlib.sha256()
+    size = 0
+    with open(local, "rb") as handle:
+        for chunk in iter(lambda: handle.read(8 * 2**20), b""):
+            md5.update(chunk)
+            sha.update(chunk)
+            size += len(chunk)
+    return md5.hexdigest(), sha.hexdigest(), size
+
+
+def upload_verified(local: str, url: str, *, replace: bool, part_size: int | None = None) -> str:
+    """Upload a finished local file to an fsspec URL in one go, then check that the object is that file.
+
+    s3fs's ``put_file`` sends a file under 100 MiB in one PUT and a larger one as a multipart upload (50 MiB parts,
+    more when the file would need over 10,000), which S3 makes visible only when the upload completes: readers never
+    see half an object. Without ``replace`` the PUT is conditional (``If-None-Match: *``), so an object that
+    appeared meanwhile is never replaced.
+
+    The check: the object's size, then its checksum -- the ETag when it is the MD5 of the bytes (a single-part upload
+    without SSE-KMS), otherwise a re-download whose SHA2-256 must equal the local file's. A mismatch deletes the
+    object and raises.
+
+    Parameters
+    ----------
+    part_size : int, optional
+        Bytes per part of a multipart upload (s3fs's ``chunksize``; at least 5 MiB on S3); default: s3fs's.
+
+    Returns
+    -------
+    str
+        The file's ``file:checksum`` (SHA2-256 multihash), so nobody needs to download it again.
+
+    Raises
+    ------
+    OutputExistsError
+        Without ``replace``: the object exists.
+    RunFailedError
+        The upload failed, or the object differs from the local file (size or checksum).
+    """
+    from rasterflow.errors import RunFailedError
+
+    md5, sha, size = _digests(local)
+    fs, target = _fs(url)
+    if not replace and fs.exists(target):
+        raise OutputExistsError(f"output {url} appeared during the run; it was left as it is")
+    options = {} if part_size is None else {"chunksize": int(part_size)}
+    try:
+        fs.put_file(local, target, mode="overwrite" if replace else "create", **options)
+    except FileExistsError:  # the conditional PUT lost a race (HTTP 412)
+        raise OutputExistsError(f"output {url} appeared during the run; it was left as it is") from None
+    except OSError as err:
+        if replace or err.errno != errno.ENOSYS:
+            raise
+        # an S3 API without conditional writes (HTTP 501): the check above is all there is
+        fs.put_file(local, target, **options)
+    info = fs.info(target)
+    problem = ""
+    if int(info.get("size", -1)) != size:
+        problem = f"{info.get('size')} bytes arrived instead of {size}"
+    elif str(info.get("ETag", "")).strip('"') != md5:
+        remote_sha = hashlib.sha256()
+        with fs.open(target, "rb", block_size=8 * 2**20) as handle:
+            for chunk in iter(lambda: handle.read(8 * 2**20), b""):
+                remote_sha.update(chunk)
+        if remote_sha.hexdigest() != sha:
+            problem = f"its SHA2-256 is {remote_sha.hexdigest()}, the file's is {sha}"
+    if problem:
+        try:
+            fs.rm(target)
+        except OSError:  # pragma: no cover - best effort; the message says what is wrong
+            pass
+        raise RunFailedError(f"uploading {url} failed the check: {problem}; the object was deleted")
+    return "1220" + sha
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -320,7 +320,12 @@ class _Stats:
 def _cog_statistics(path: str) -> list[dict[str, float]]:
     import rasterio
 
-    with rasterio.Env(GDAL_PAM_ENABLED="NO"), rasterio.open(path) as src:  # no .aux.xml beside the output
+    options: dict[str, str] = {}
+    if is_remote(path):  # GDAL's names of the endpoint boto users set (AWS_ENDPOINT_URL -> AWS_S3_ENDPOINT...)
+        from rasterflow.gdalenv import aws_endpoint_options
+
+        options = aws_endpoint_options()
+    with rasterio.Env(GDAL_PAM_ENABLED="NO", **options), rasterio.open(path) as src:  # no .aux.xml beside the output
         stats = [_Stats() for _ in range(src.count)]
         for _ij, window in src.block_windows(1):
             block = src.read(window=window)
@@ -467,8 +472,8 @@ def write_stac(
             "href": _absolute(path), "type": COG_MEDIA_TYPE if fmt == "cog" else ZARR_MEDIA_TYPE,
             "title": ", ".join(names), "roles": ["data"], "raster:bands": bands, "file:size": path_size(path),
         }
-        if fmt == "cog":
-            asset["file:checksum"] = file_checksum(path)
+        if fmt == "cog":  # an uploaded COG's checksum was taken (and checked against the object) by the writer
+            asset["file:checksum"] = result.checksums.get(path) or file_checksum(path)
         info = description.range_of(labels)
         properties: dict[str, Any] = {
             # the period's start: readers that need one instant (rasterflow's own planner among them) get one

@@ -3,8 +3,21 @@
 Design
 ------
 * Local paths are written into a staging store ``<path>.partial`` and renamed into place only when complete; an
-  existing output is moved aside, the new store renamed in, and only then the old one deleted. fsspec URLs
-  (``s3://...``) are written in place.
+  existing output is moved aside, the new store renamed in, and only then the old one deleted.
+* fsspec URLs (``s3://bucket/prefix/out.zarr``) are staged the same way, under ``<path>.partial/``; an object store
+  has no rename of a prefix, so the finished staging store is *copied* into place (server-side copies, no pixel
+  travels through this process) in an order that never lets the final prefix look complete before it is:
+  (1) an existing output's consolidated metadata is deleted, (2) the staging store's root metadata -- this job's
+  fingerprint and ``rasterflow_complete: false`` -- is written over the output's, (3) objects of the old output that
+  the new one does not have are deleted, (4) every array and chunk is copied, (5) ``rasterflow_complete: true`` and
+  then the consolidated metadata are written at the final prefix, last, (6) the staging store is deleted. A reader
+  that opens with consolidated metadata, or checks ``rasterflow_complete``, sees either the old complete output, a
+  store saying it is incomplete, or the new complete one. A run killed at any step leaves at most an incomplete
+  store of *this* job at the final prefix, which the next run of the same job (same fingerprint) replaces: it
+  finds every block done in the staging store and only copies again. Why not write in place with the completeness
+  attribute last: replacing an existing output (``if_exists: overwrite``) would then delete the old one before the
+  new one is computed, and a failed run would leave neither; staged, the old output stays readable until the new
+  one is complete, as with local paths.
 * The store is created metadata-only first (``to_zarr(compute=False)``): array shapes, Zarr chunks equal to the Dask
   chunks, codec, the stored dtype with ``_FillValue`` (NaN by default) and ``scale_factor``/``add_offset`` when an
   :class:`~rasterflow.write.common.Encoding` asks, GDAL's ``_CRS`` attribute, coordinates (``y``, ``x``, leading
@@ -56,6 +69,7 @@ from rasterflow.write.common import (
     exists,
     is_complete_zarr,
     is_remote,
+    filesystem,
     path_size,
     read_zarr_state,
     remove,
@@ -251,9 +265,7 @@ def _done_markers(markers: str, names: list[str]) -> dict[str, set[tuple[int, ..
     for name in names:
         directory = _join(markers, name)
         if is_remote(directory):
-            import fsspec.core
-
-            fs, p = fsspec.core.url_to_fs(directory)
+            fs, p = filesystem(directory)  # a fresh listing: the markers were written by the workers
             entries = [e.rsplit("/", 1)[-1] for e in fs.ls(p, detail=False)] if fs.exists(p) else []
         else:
             entries = os.listdir(directory) if os.path.isdir(directory) else []
@@ -275,6 +287,45 @@ def _finish(store: str, zarr_format: ZarrFormat) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
         zarr.consolidate_metadata(store, zarr_format=zarr_format)
+
+
+#: Root metadata objects of a Zarr group (v2: group marker and attributes; v3: both in ``zarr.json``).
+_ROOT_KEYS = frozenset({".zgroup", ".zattrs", "zarr.json"})
+#: Consolidated metadata of a v2 store (v3 keeps it inside the root ``zarr.json``).
+_CONSOLIDATED_V2 = ".zmetadata"
+
+
+def _publish_remote(staging: str, path: str, *, may_replace: bool, zarr_format: ZarrFormat) -> None:
+    """Copy a finished staging store on an object store into place, completeness last (see the module docstring).
+
+    Every step is idempotent: a run killed in between is finished by the next run of the same job.
+    """
+    fs, src = filesystem(staging)
+    _, dst = filesystem(path)
+    src, dst = src.rstrip("/"), dst.rstrip("/")
+    marker_root = MARKER_DIR.split("/")[0] + "/"
+    relative = sorted(p[len(src) + 1:] for p in fs.find(src) if p.startswith(src + "/"))
+    relative = [r for r in relative if not r.startswith(marker_root) and r != _CONSOLIDATED_V2]
+    root = [r for r in relative if r in _ROOT_KEYS]
+    body = [r for r in relative if r not in _ROOT_KEYS]
+    if not root:
+        raise RunFailedError(f"the staging store {staging} has no root metadata; rerun to write it again")
+    old = [p[len(dst) + 1:] for p in fs.find(dst) if p.startswith(dst + "/")] if fs.exists(dst) else []
+    if old:
+        if not may_replace:
+            raise OutputExistsError(f"output {path} appeared during the run; set output.overwrite: true or choose "
+                                    f"another path (the finished store is kept at {staging})")
+        if _CONSOLIDATED_V2 in old:  # (1) the old output stops claiming to be complete to consolidated readers
+            fs.rm_file(_join(dst, _CONSOLIDATED_V2))
+    # (2) this job's root metadata, incomplete: from here on the prefix is "job F, unfinished" (resumable)
+    fs.copy([_join(src, r) for r in root], [_join(dst, r) for r in root])
+    stale = sorted(set(old) - set(root) - set(body) - {_CONSOLIDATED_V2})
+    if stale:  # (3) arrays or chunks the new output does not have (another layout, a dropped band)
+        fs.rm([_join(dst, r) for r in stale])
+    if body:  # (4) arrays and chunks, server-side
+        fs.copy([_join(src, r) for r in body], [_join(dst, r) for r in body])
+    _finish(path, zarr_format)  # (5) rasterflow_complete: true, then the consolidated metadata
+    remove(staging)  # (6)
 
 
 def _swap_into_place(staging: str, path: str, *, may_replace: bool) -> None:
@@ -336,9 +387,10 @@ def write_zarr(
     ds : xarray.Dataset
         Dask-backed data variables with identical dims ``(..., y, x)``; CRS and transform written with rioxarray.
     path : str
-        The store: a local path (staged in ``<path>.partial``, renamed when complete) or an fsspec URL (in place).
+        The store: a local path (staged in ``<path>.partial``, renamed when complete) or an fsspec URL (staged in
+        ``<path>.partial/``, copied into place when complete, completeness written last).
     overwrite : bool
-        Replace an existing output (only after the new one is complete, for local paths).
+        Replace an existing output, only after the new one is complete.
     compression : {"zstd", "deflate", "lz4", "none"}
         zstd (level 3), deflate (gzip codec, level 6), lz4 (Blosc-LZ4 with byte shuffle) or none. ``"lzw"`` is
         accepted and written as deflate (Zarr has no LZW codec), with a warning.
@@ -369,7 +421,7 @@ def write_zarr(
         raise ValueError(f"zarr_format must be 2 or 3, got {zarr_format!r}")
     codec = compression_name(compression, "zarr")
     remote = is_remote(path)
-    store = path if remote else zarr_staging_path(path)
+    store = zarr_staging_path(path)  # staged for local paths and object stores alike
     prepared, stored = _prepare(ds, codec, zarr_format, encoding)
     # float output without scaling is written as computed: no per-block encoding work
     computed = np.result_type(*(prepared[n].dtype for n in prepared.data_vars))
@@ -378,8 +430,9 @@ def write_zarr(
     block_encoding = None if as_computed else stored
     names = [str(name) for name in prepared.data_vars]
 
-    # a local output that is itself an unfinished store of this job (e.g. left by an in-place write) may be replaced
-    target_state = read_zarr_state(path) if not remote else None
+    # an output that is itself an unfinished store of this job (left by an in-place write, or by a copy into place
+    # on an object store that was cut short) may be replaced
+    target_state = read_zarr_state(path)
     may_replace = overwrite or bool(target_state and not target_state.complete
                                     and target_state.fingerprint == fingerprint)
 
@@ -437,8 +490,10 @@ def write_zarr(
         written = total - skipped
 
     try:
-        _finish(store, zarr_format)
-        if not remote:
+        if remote:
+            _publish_remote(store, path, may_replace=may_replace, zarr_format=zarr_format)
+        else:
+            _finish(store, zarr_format)
             _swap_into_place(store, path, may_replace=may_replace)
     except OutputExistsError:
         raise
