@@ -70,9 +70,14 @@ __all__ = [
 # - count: 0.37 / 0.19: ~isnan's two boolean temporaries. Both rounded up to 0.5.
 # - quantile: 2.08 / 2.31 (float32, 1 / 3 quantiles), 1.76 / 1.95 (float64): np.sort's sorted copy plus its
 #   buffer along the non-contiguous time axis, and the valid count; rounded up to 2.5 (a few more quantiles fit).
+# Re-measured 2026-12-03 after median and quantile moved to rasterflow.fastreduce (pixel-major blocks of <= 8192
+# pixels x t, sorted in a reused buffer; issue 13): median 0.071 / 0.072 (the result + the ~1.5 MB buffer: 0.1
+# still covers it), quantile 0.083 / 0.076 (1 q) and 0.209 / 0.201 (3 q): the result only, no sorted copy; 0.5
+# covers q <= 6 at t = 16. (With the old 2.5, budget_accuracy.py rows 8 / 9, fused quantile, predicted 1.35 / 1.30x
+# the measured peak.)
 REDUCTION_EXTRA_PLANES: Mapping[str, float] = {
     "median": 0.1,
-    "quantile": 2.5,
+    "quantile": 0.5,
     "mean": 0.1,
     "sum": 0.5,
     "std": 0.1,
@@ -731,7 +736,11 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
     total_bytes = inputs.plane_bytes * inputs.n_spatial_chunks * inputs.n_time_chunks * max(1, len(shape.assets_loaded))
     if tasks > MAX_TASKS:
         refusals.append(
-            f"about {tasks:,} tasks: above ~{MAX_TASKS:,} the scheduler is the bottleneck (~1 ms each); "
+            # not the scheduler's ~1 ms per task (286,000 tasks: 5 min against days of reading at continental
+            # scale): the writers build the whole graph here and submit it at once, so the client and the
+            # scheduler hold every task for the whole run (issue 13, step 4: bounded submission)
+            f"about {tasks:,} tasks: above ~{MAX_TASKS:,} the run would build and submit them all at once, and "
+            f"the client and the scheduler hold every one of them until the end; "
             f"use larger chunks ({_chunk_for_tasks(inputs, shape, 20_000)} keeps it near 20,000)"
         )
     elif (tasks < MIN_TASKS_FOR_LARGE_JOB and total_bytes > LARGE_JOB_BYTES

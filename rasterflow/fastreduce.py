@@ -1,0 +1,121 @@
+"""Order statistics over the time axis of a ``(t, y, x)`` series, pixel-major and block by block.
+
+The series a task reduces is C-contiguous ``(t, y, x)``: one pixel's dates are ``y × x`` elements apart. Reducing
+along that axis directly (``bottleneck.nanmedian(axis=0)``, ``np.sort(axis=0)``) walks memory with a stride of one
+plane per step, and bottleneck selects each pixel's median one pixel at a time (on contiguous pixel-major rows it is
+no faster: 412 vs 404 ms at 1024² x 36). NumPy's vectorised sort of short contiguous rows is what is fast (152 ms
+for the whole median). So the series is cut into blocks of whole rows (about :data:`BLOCK_PIXELS` pixels), each
+block is transposed into a small reused ``(pixels, t)`` buffer (every pixel's dates contiguous, the buffer stays in
+cache) and sorted in place along its last axis (NaN sorts last, so the first ``count`` entries of a row are its
+valid dates in order). The median and every quantile are then read from the sorted rows by index.
+
+Exactness: the values picked are the same elements NumPy picks, and the arithmetic on them is NumPy's:
+
+- median: the middle element for an odd count; ``(a + b) * 0.5`` in the input dtype for an even count, which is
+  ``np.nanmedian``'s mean of the two middle elements (``(a + b) / 2``; halving is exact) and bottleneck's
+  ``0.5 * (a + b)``. The only representable difference is the sign of a zero median of ``-0.0`` and ``+0.0``
+  values, which NumPy's summation (started from ``+0.0``) and this code may round differently; ``==`` holds.
+- quantile: the ``linear`` method (NumPy's default) with NumPy's own two-sided lerp as ``np.nanquantile`` runs it
+  for a *list* of quantiles: ``b - a`` in the input dtype, the weight and the lerp in float64 (the quantiles array
+  is float64), one rounding to the input dtype at the end. For float32 this is within 1 ulp of, and usually equal
+  to, the all-float32 lerp ``np.nanquantile`` uses for a single Python-float ``q`` (weak promotion) and that the
+  previous kernel used; float64 is identical either way.
+
+Memory: at most ``BLOCK_PIXELS × t`` elements of buffer (and a boolean one of the same shape) plus per-block index
+vectors, about 1.5 MB at 36 float32 dates whatever the chunk size, on top of the ``(q, y, x)`` result; the input
+is never modified and never copied whole.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import numpy as np
+
+__all__ = ["BLOCK_PIXELS", "nanmedian_time", "nanquantile_sorted", "supports"]
+
+BLOCK_PIXELS = 8192
+"""Pixels per transposed block: 8192 × 36 dates × 4 B = 1.2 MB, small enough to stay in L2/L3 while it is
+transposed, sorted and read (1024² × 36 float32 on this machine: 4k-16k-pixel blocks are fastest, ~1.5x faster
+than sorting one whole-chunk transposed copy; 2k pays per-call overhead, 32k falls out of cache)."""
+
+
+def supports(values: np.ndarray) -> bool:
+    """Whether the pixel-major path handles this series: a 3-D float32 / float64 ``(t, y, x)`` array with dates.
+
+    Not float16: NumPy's median of float16 adds the two middle values in float32, not float16."""
+    return values.ndim == 3 and values.dtype in (np.float32, np.float64) and values.shape[0] > 0
+
+
+def _sorted_blocks(values: np.ndarray) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """Yield ``(y0, y1, rows, count)`` per block of image rows: ``rows`` is the block's ``(pixels, t)`` buffer with
+    each pixel's dates sorted ascending (NaN last), ``count`` its valid dates per pixel. The buffer is reused: use it
+    before asking for the next block."""
+    t, height, width = values.shape
+    rows_per_block = max(1, min(height, BLOCK_PIXELS // max(1, width)))  # a small chunk: no bigger buffer than it
+    buffer = np.empty(rows_per_block * width * t, dtype=values.dtype)
+    missing = np.empty(rows_per_block * width * t, dtype=bool)
+    counter = np.uint8 if t <= np.iinfo(np.uint8).max else np.intp
+    for y0 in range(0, height, rows_per_block):
+        y1 = min(height, y0 + rows_per_block)
+        n = (y1 - y0) * width
+        rows = buffer[: n * t].reshape(n, t)
+        # (t, r, x) -> (r, x, t): one strided gather per block, every pixel's dates end up contiguous
+        np.copyto(rows.reshape(y1 - y0, width, t), values[:, y0:y1].transpose(1, 2, 0))
+        rows.sort(axis=1)
+        # valid dates per pixel, counted date by date on the (t, r, x) slice: a sum over the short contiguous axis
+        # of the buffer is ~2x slower; uint8 sums (t <= 255) are half the time of intp ones
+        nan = missing[: n * t].reshape(t, y1 - y0, width)
+        np.isnan(values[:, y0:y1], out=nan)
+        count = np.add.reduce(nan.view(np.uint8), axis=0, dtype=counter).reshape(n).astype(np.intp)
+        np.subtract(t, count, out=count)
+        yield y0, y1, rows, count
+
+
+def nanmedian_time(values: np.ndarray) -> np.ndarray:
+    """NaN-ignoring median over axis 0: ``(t, y, x)`` -> ``(y, x)`` in the input dtype; NaN where no date is valid.
+
+    Equal to ``np.nanmedian(values, axis=0)`` (see the module docstring for the one sign-of-zero caveat).
+    """
+    out = np.empty(values.shape[1:], dtype=values.dtype)
+    flat = out.reshape(-1)
+    width = values.shape[2]
+    half = values.dtype.type(0.5)
+    for y0, y1, rows, count in _sorted_blocks(values):
+        index = np.arange(rows.shape[0])
+        low = rows[index, np.maximum(count - 1, 0) // 2]  # count 0: the row is all NaN, so is the result
+        high = rows[index, np.minimum(count // 2, rows.shape[1] - 1)]
+        middle = low + high
+        middle *= half
+        target = flat[y0 * width:y1 * width]
+        np.copyto(target, middle)
+        # odd count: the middle element itself (as np.median and bottleneck; no overflow of a + a)
+        np.copyto(target, low, where=(count & 1).astype(bool))
+    return out
+
+
+def nanquantile_sorted(values: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:
+    """NaN-ignoring quantiles over axis 0 (``method="linear"``): ``(t, y, x)`` -> ``(q, y, x)``; NaN where no date
+    is valid. ``np.nanquantile(values, list(quantiles), axis=0)``'s lerp (see the module docstring), on pixel-major
+    sorted blocks."""
+    dtype = values.dtype
+    out = np.empty((len(quantiles), *values.shape[1:]), dtype=dtype)
+    flat = out.reshape(len(quantiles), values.shape[1] * values.shape[2])  # -1 is ambiguous for q = 0
+    width = values.shape[2]
+    for y0, y1, rows, count in _sorted_blocks(values):
+        index = np.arange(rows.shape[0])
+        last = np.maximum(count - 1, 0)
+        empty = count == 0
+        for q_index, q in enumerate(quantiles):
+            position = float(q) * last
+            low = np.floor(position).astype(np.intp)
+            high = np.minimum(low + 1, last)
+            fraction = position - low  # float64, as NumPy's gamma for an array of quantiles
+            below = rows[index, low]
+            above = rows[index, high]
+            diff = (above - below).astype(np.float64)  # b - a in the input dtype, then NumPy promotes to gamma's
+            # NumPy's lerp: from below for fraction < 0.5, from above otherwise, in float64, rounded once at the end
+            result = np.where(fraction >= 0.5, above - diff * (1 - fraction), below + diff * fraction)
+            result[empty] = np.nan
+            flat[q_index, y0 * width:y1 * width] = result
+    return out

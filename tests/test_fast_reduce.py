@@ -1,0 +1,175 @@
+"""The pixel-major median / quantile kernels (``rasterflow.fastreduce``) against NumPy, bit for bit.
+
+References are computed here with NumPy's own ``np.nanmedian`` and ``np.nanquantile(..., method="linear")`` on the
+same dtype (and, for the median, bottleneck's ``nanmedian``, the kernel used before). Equality is bitwise on every
+non-NaN result, NaN exactly where the reference is NaN. The one documented exception: a zero median of ``+0.0`` and
+``-0.0`` values may differ in the sign of the zero (NumPy's summation starts from ``+0.0``); zeros compare with ``==``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import bottleneck as bn
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from rasterflow import fastreduce, kernels
+from rasterflow.expr import parse_expression
+
+QUANTILES = (0.0, 0.1, 0.5, 0.9, 1.0)
+DEPTHS = (1, 2, 3, 36)
+DTYPES = (np.float32, np.float64)
+
+
+def assert_bitwise(actual: np.ndarray, expected: np.ndarray) -> None:
+    """Same dtype and shape, NaN at the same places, every other value the same bits (zeros: ``==``)."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    np.testing.assert_array_equal(np.isnan(actual), np.isnan(expected))
+    keep = ~np.isnan(expected) & (expected != 0)
+    bits = np.uint32 if actual.dtype == np.float32 else np.uint64
+    mismatch = actual.view(bits)[keep] != expected.view(bits)[keep]
+    assert not mismatch.any(), (actual[keep][mismatch][:5], expected[keep][mismatch][:5])
+    np.testing.assert_array_equal(actual[expected == 0], 0)
+
+
+def numpy_median(values: np.ndarray) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices
+        return np.nanmedian(values, axis=0)
+
+
+def numpy_quantiles(values: np.ndarray, quantiles) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        # NumPy returns float64 for some float32 shapes (its float64 lerp, not rounded back): round once, as the kernel
+        return np.nanquantile(values, list(quantiles), axis=0, method="linear").astype(values.dtype, copy=False)
+
+
+def cloudy(shape, dtype, seed: int, nan_fraction: float = 0.3, pool: int | None = None) -> np.ndarray:
+    """Random series with ~30 % NaN, a block of all-NaN pixels, a pixel of ties; ``pool`` draws from few values
+    (ties everywhere)."""
+    rng = np.random.default_rng(seed)
+    if pool:
+        values = rng.integers(-pool, pool + 1, size=shape).astype(dtype) / 4
+    else:
+        values = rng.normal(0.3, 0.2, size=shape).astype(dtype)
+    values[rng.random(shape) < nan_fraction] = np.nan
+    values[:, :2, :3] = np.nan
+    values[:, -1, -1] = values.dtype.type(0.75)
+    return values
+
+
+@pytest.mark.parametrize("pool", [None, 3], ids=["continuous", "ties"])
+@pytest.mark.parametrize("t", DEPTHS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_median_is_numpys_and_bottlenecks_bit_for_bit(dtype, t, pool):
+    values = cloudy((t, 37, 53), dtype, seed=t * 7 + (pool or 0), pool=pool)
+    before = values.copy()
+    result = fastreduce.nanmedian_time(values)
+    np.testing.assert_array_equal(values, before)  # the input is not modified
+    assert_bitwise(result, numpy_median(values))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert_bitwise(result, bn.nanmedian(values, axis=0))
+    assert np.isnan(result[:2, :3]).all() and result[-1, -1] == 0.75
+
+
+@pytest.mark.parametrize("pool", [None, 3], ids=["continuous", "ties"])
+@pytest.mark.parametrize("t", DEPTHS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_quantiles_are_numpys_bit_for_bit(dtype, t, pool):
+    values = cloudy((t, 19, 23), dtype, seed=t * 11 + (pool or 0), pool=pool)
+    result = fastreduce.nanquantile_sorted(values, QUANTILES)
+    assert_bitwise(result, numpy_quantiles(values, QUANTILES))
+    # q = 0 / 1 are the smallest / largest valid value; q = 0.5 is the median up to rounding (NumPy's own
+    # nanquantile(0.5) lerps a + (b - a) / 2 in float64, nanmedian takes (a + b) / 2 in the input dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert_bitwise(result[0], np.nanmin(values, axis=0))
+        assert_bitwise(result[-1], np.nanmax(values, axis=0))
+    np.testing.assert_allclose(result[2], numpy_median(values), rtol=2 * np.finfo(dtype).eps, equal_nan=True)
+
+
+def test_blocks_edges_and_layouts():
+    """Rows wider than a block, a chunk that is not a whole number of blocks, a non-contiguous view, all NaN."""
+    wide = cloudy((5, 3, fastreduce.BLOCK_PIXELS + 7), np.float32, seed=1)
+    assert_bitwise(fastreduce.nanmedian_time(wide), numpy_median(wide))
+    ragged = cloudy((36, fastreduce.BLOCK_PIXELS // 100 + 3, 100), np.float32, seed=2)  # last block: 3 rows
+    assert_bitwise(fastreduce.nanmedian_time(ragged), numpy_median(ragged))
+    assert_bitwise(fastreduce.nanquantile_sorted(ragged, QUANTILES), numpy_quantiles(ragged, QUANTILES))
+    view = cloudy((9, 40, 30), np.float64, seed=3).transpose(0, 2, 1)[::2, ::3]  # strided in every axis
+    assert_bitwise(fastreduce.nanmedian_time(view), numpy_median(view))
+    assert_bitwise(fastreduce.nanquantile_sorted(view, (0.9, 0.1)), numpy_quantiles(view, (0.9, 0.1)))
+    empty = np.full((4, 3, 2), np.nan, dtype=np.float32)
+    assert np.isnan(fastreduce.nanmedian_time(empty)).all()
+    assert np.isnan(fastreduce.nanquantile_sorted(empty, QUANTILES)).all()
+    assert fastreduce.nanquantile_sorted(empty, ()).shape == (0, 3, 2)
+    deep = cloudy((300, 3, 4), np.float32, seed=6)  # more dates than a uint8 counter holds
+    assert_bitwise(fastreduce.nanmedian_time(deep), numpy_median(deep))
+    assert_bitwise(fastreduce.nanquantile_sorted(deep, QUANTILES), numpy_quantiles(deep, QUANTILES))
+    for shape in ((3, 0, 4), (3, 4, 0)):  # no pixels (an empty edge chunk)
+        assert fastreduce.nanmedian_time(np.ones(shape, np.float32)).shape == shape[1:]
+        assert fastreduce.nanquantile_sorted(np.ones(shape, np.float32), QUANTILES).shape == (5, *shape[1:])
+
+
+def test_reduce_time_takes_the_fast_path_only_where_it_applies():
+    assert fastreduce.supports(np.zeros((3, 2, 2), np.float32))
+    assert not fastreduce.supports(np.zeros((0, 2, 2), np.float32))  # no dates: bottleneck's NaN
+    assert not fastreduce.supports(np.zeros((3, 2, 2), np.int16))
+    assert not fastreduce.supports(np.zeros((3, 2, 2), np.float16))  # NumPy's float16 median adds in float32
+    values = cloudy((36, 64, 48), np.float32, seed=4)
+    assert_bitwise(kernels.reduce_time(values, "median")[0], numpy_median(values))
+    assert_bitwise(kernels.nanquantile_time(values, QUANTILES), numpy_quantiles(values, QUANTILES))
+    assert np.isnan(kernels.reduce_time(np.empty((0, 2, 2), np.float32), "median")).all()
+
+
+def test_fused_task_median_and_quantile_of_masked_ndvi():
+    """The whole fused kernel (mask on SCL, NDVI, reduction) at 36 dates against NumPy on its own band series."""
+    rng = np.random.default_rng(5)
+    t, y, x = 36, 48, 40
+    red = rng.integers(1, 4000, (t, y, x), dtype=np.uint16)
+    nir = rng.integers(1, 6000, (t, y, x), dtype=np.uint16)
+    scl = np.where(rng.random((t, y, x)) < 0.3, 9, 4).astype(np.uint8)  # ~30 % cloud
+    scl[:, :4, :4] = 9  # always cloudy
+    planes = kernels.Planes(raw=(red, nir, scl), covered=(None, None, None), nodata=np.zeros((t, 3)),
+                            scale=np.full((t, 3), 1e-4), offset=np.zeros((t, 3)))
+    bands = (("ndvi", parse_expression("(nir - red) / (nir + red)", ["red", "nir"])),)
+    mask = parse_expression("scl == 9", ["scl"])
+    common = dict(assets=("red", "nir", "scl"), mask=mask, masked_assets=("red", "nir"), bands=bands, dtype="float32")
+    series = kernels.band_block(planes, kernels.Program(**common))[:, 0]
+    assert np.isnan(series).mean() > 0.25 and np.isnan(series[:, :4, :4]).all()
+    median = kernels.reduce_block(planes, kernels.Program(**common, reduce_method="median"))
+    assert median.shape == (1, 1, 1, y, x)
+    assert_bitwise(median[0, 0, 0], numpy_median(series))
+    quantiles = kernels.reduce_block(planes, kernels.Program(**common, reduce_method="quantile", quantiles=QUANTILES))
+    assert_bitwise(quantiles[0, :, 0], numpy_quantiles(series, QUANTILES))
+
+
+def _series(dtype):
+    # few distinct values (ties), NaN often enough to empty whole pixels, and some arbitrary floats (incl. +-0.0)
+    pool = st.sampled_from([np.nan, np.nan, -2.0, -0.5, 0.0, -0.0, 1.0, 1.0, 3.25, 7.5])
+    width = 32 if dtype == np.float32 else 64
+    elements = st.one_of(pool, st.floats(-1e6, 1e6, allow_nan=False, width=width), st.just(np.nan))
+    shapes = st.tuples(st.sampled_from(DEPTHS), st.integers(1, 4), st.integers(1, 5))
+    return hnp.arrays(dtype, shapes, elements=elements)
+
+
+_quantile_lists = st.lists(st.one_of(st.sampled_from(QUANTILES), st.floats(0, 1)), min_size=1, max_size=5)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(values=_series(np.float32), quantiles=_quantile_lists)
+def test_property_float32(values, quantiles):
+    assert_bitwise(fastreduce.nanmedian_time(values), numpy_median(values))
+    assert_bitwise(fastreduce.nanquantile_sorted(values, quantiles), numpy_quantiles(values, quantiles))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(values=_series(np.float64), quantiles=_quantile_lists)
+def test_property_float64(values, quantiles):
+    assert_bitwise(fastreduce.nanmedian_time(values), numpy_median(values))
+    assert_bitwise(fastreduce.nanquantile_sorted(values, quantiles), numpy_quantiles(values, quantiles))
