@@ -397,6 +397,12 @@ def _print_plan(loaded: Any, plan: Any) -> None:
         for line in asset["applied"]:
             echo(f"  {'':<18} {line}")
     echo(f"  tasks            about {report.task_count:,}")
+    if plan.cost is not None:  # from the items' declared grids: no file is opened
+        cost = plan.cost
+        unknown = f"; {cost.undeclared_files:,} without proj: metadata counted as the whole grid" \
+            if cost.undeclared_files else ""
+        echo(f"  bytes read       about {format_bytes(cost.bytes_read)} decoded from {cost.files:,} files{unknown}")
+        echo(f"  wall time        {cost.summary()}")
     echo(f"  workers          {plan.layout.n_workers} x {plan.layout.threads_per_worker} thread(s), "
          f"limit {format_bytes(plan.layout.memory_limit)} each ({plan.layout.source})")
     echo("  stage                 live planes   per task")
@@ -405,6 +411,7 @@ def _print_plan(loaded: Any, plan: Any) -> None:
         echo(f"    {stage.stage:<20} {stage.planes:>8g}   {format_bytes(stage.bytes_per_task):>9}{marker}")
     echo(f"  per worker       {report.formula}")
     echo(f"                   = {report.fraction_of_limit:.0%} of the limit (allowed {inputs.max_fraction:.0%})")
+    echo(f"  peak per worker  {format_bytes(report.peak_per_worker)}")
     if loaded.spec.output.resolved_format == "cog":  # the client assembles the COGs (budget.client_peak_bytes)
         echo(f"  client (COG)     {format_bytes(report.client_peak)}: baseline, blocks in flight and its GDAL cache")
     for warning in report.warnings:

@@ -13,12 +13,12 @@ from typing import Any, Mapping, Sequence
 from rasterflow import budget
 from rasterflow.errors import SpecError, SpecIssue
 from rasterflow.kernels import Program, group_indices, period_labels, solar_day_steps
-from rasterflow.sources import FileHeader, MissingAsset, SourceTable, missing_assets, resolve_sources
+from rasterflow.sources import FileHeader, MissingAsset, SourceTable, gc_paused, missing_assets, resolve_sources
 from rasterflow.sizing import WorkerLayout, local_machine, size_local_cluster
 from rasterflow.units import parse_bytes
 
 __all__ = [
-    "GridPlan", "JobPlan", "resolve_grid", "local_layout", "budget_inputs", "make_plan", "static_check",
+    "GridPlan", "JobCost", "JobPlan", "job_cost", "resolve_grid", "local_layout", "budget_inputs", "make_plan", "static_check",
     "check_items", "output_dates",
 ]
 
@@ -45,6 +45,106 @@ class GridPlan:
         return (self.resolution, 0.0, minx, 0.0, -self.resolution, maxy)
 
 
+DECODED_PX_PER_SECOND_PER_THREAD = 59e6
+"""End-to-end rate of one worker thread in decoded source pixels per second (read + decode + mask + bands + median
++ Zarr write), from benchmarks/scaling.py (2026-12-03, 2 workers × 1 thread, masked NDVI median over 8 dates of
+3 assets): each added 2048² × 8 dates × 3 assets (101 M decoded pixels) added 0.85 s of compute+write on 2
+threads. The marginal rate: the fixed part (imports, first file opens, the Zarr template) is
+:data:`STARTUP_SECONDS`."""
+
+STARTUP_SECONDS = 3.0
+"""Interpreter, imports, cluster start and the first tasks' imports and opens (scaling.py: 2.2 s of process around
+the compute stage and ~0.7 s fixed inside it)."""
+
+SCHEDULER_SECONDS_PER_TASK = 1e-3
+"""The Dask scheduler's cost per task (the budget's ~1 ms): serial, so a floor on the wall time of many tasks."""
+
+
+@dataclass(frozen=True)
+class JobCost:
+    """What the tasks read and about how long they take, from the items' declared grids (no file is opened)."""
+
+    files: int
+    """Source files (item × asset) whose footprint meets the output grid."""
+    pixels_read: int
+    """Source pixels inside the grid, summed over those files (what the reads decode, before tile rounding)."""
+    bytes_read: int
+    """``pixels_read`` in each file's data type (its declared one, else what the asset loads in)."""
+    undeclared_files: int
+    """Files without ``proj:`` metadata, counted as covering the whole grid at its resolution."""
+    spatial_chunks: int
+    tasks: int
+    threads: int
+    """Worker threads of the layout (all read in parallel)."""
+    seconds_per_chunk: float
+    """The average spatial chunk's decoded pixels at :data:`DECODED_PX_PER_SECOND_PER_THREAD`, on one thread."""
+    wall_seconds: float
+    """``max(chunks × seconds_per_chunk / threads, tasks × scheduler cost) + startup``: an estimate, not a promise
+    (remote reads, other kernels and busy machines are slower)."""
+
+    def summary(self) -> str:
+        return (f"~{_duration(self.wall_seconds)}: {self.spatial_chunks:,} chunks × {self.seconds_per_chunk:.2g} s "
+                f"per chunk on {self.threads} thread{'s' if self.threads != 1 else ''} (at "
+                f"{DECODED_PX_PER_SECOND_PER_THREAD / 1e6:.0f} Mpx/s decoded per thread, measured) + "
+                f"{STARTUP_SECONDS:g} s start-up")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def job_cost(sources: SourceTable, grid: GridPlan, report: budget.BudgetReport, layout: WorkerLayout) -> JobCost:
+    """Bytes the tasks read and the estimated wall time: each file's footprint on the grid (without the resampling
+    margin) in its own pixels and data type; the time from the measured per-thread rate."""
+    from rasterflow.units import dtype_itemsize
+
+    height, width = grid.shape
+    load = {a.name: dtype_itemsize(a.load_dtype) for a in sources.assets}
+    grid_px_area = grid.resolution * grid.resolution
+    files = pixels = nbytes = undeclared = 0
+    for item_reads in sources.reads:
+        for read in item_reads:
+            itemsize = dtype_itemsize(read.data_type) if read.data_type else load[read.name]
+            if read.footprint is None or read.transform is None:
+                undeclared += 1
+                files += 1
+                pixels += height * width
+                nbytes += height * width * itemsize
+                continue
+            r0, r1, c0, c1 = read.footprint
+            if r0 >= r1 or c0 >= c1:
+                continue
+            # footprints carry a pixel of margin on each side (footprint_on_grid) unless clipped at the grid's
+            # edge: take it off where it was added (a file ending one pixel short of the edge keeps one column)
+            rows = r1 - r0 - (r0 > 0) - (r1 < height)
+            cols = c1 - c0 - (c0 > 0) - (c1 < width)
+            if rows <= 0 or cols <= 0:
+                continue
+            a, b, _, d, e, _ = read.transform
+            src_area = abs(a * e - b * d) or grid_px_area
+            # a file's pixels inside the grid, at most its own shape
+            n = min(int(round(rows * cols * grid_px_area / src_area)),
+                    read.shape[0] * read.shape[1] if read.shape else rows * cols)
+            files += 1
+            pixels += n
+            nbytes += n * itemsize
+    inputs = report.inputs
+    chunks = inputs.n_spatial_chunks
+    threads = max(1, layout.n_workers * layout.threads_per_worker)
+    per_chunk = pixels / chunks / DECODED_PX_PER_SECOND_PER_THREAD if chunks else 0.0
+    compute = chunks * per_chunk / threads
+    wall = max(compute, report.task_count * SCHEDULER_SECONDS_PER_TASK) + STARTUP_SECONDS
+    return JobCost(files=files, pixels_read=pixels, bytes_read=nbytes, undeclared_files=undeclared,
+                   spatial_chunks=chunks, tasks=report.task_count, threads=threads, seconds_per_chunk=per_chunk,
+                   wall_seconds=wall)
+
+
 @dataclass(frozen=True)
 class JobPlan:
     """Everything a run needs, decided before any pixel is read."""
@@ -69,6 +169,8 @@ class JobPlan:
     resampling: str = "nearest"
     expressions: tuple[tuple[str, str], ...] = ()
     """Band name -> expression text, for the outputs' metadata."""
+    cost: JobCost | None = None
+    """Bytes read and the estimated wall time (None for a static plan)."""
 
     @property
     def chunks(self) -> dict[str, int]:
@@ -169,13 +271,16 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
     sources = None
     load_dtype = None
     if items is not None:
-        sources = resolve_sources(items, {a: spec.source.assets[a] for a in shape.assets_loaded}, grid,
-                                  overrides=spec.source.overrides, working_dtype=spec.grid.dtype, headers=headers)
+        with gc_paused():  # one AssetRead per item and asset: 219,000 for 1,000 tiles × a year
+            sources = resolve_sources(items, {a: spec.source.assets[a] for a in shape.assets_loaded}, grid,
+                                      overrides=spec.source.overrides, working_dtype=spec.grid.dtype,
+                                      headers=headers)
         # the widest loaded asset sizes the block (conservative for mixed uint8 / uint16 assets)
         load_dtype = max((a.load_dtype for a in sources.assets), key=lambda d: np.dtype(d).itemsize, default=None)
     inputs = budget_inputs(spec, grid, layout, None if items is None else len(items), source_tile, load_dtype)
+    dates = output_dates(items, spec.source.group_by) if items is not None else ((), ())
     if items is not None and sources is not None:  # the model follows the tasks the graph runs on these items
-        inputs = budget.dataclasses_replace(inputs, **_budget_details(spec, items, sources, layout))
+        inputs = budget.dataclasses_replace(inputs, **_budget_details(spec, dates[0], sources, layout))
         report = budget.estimate(shape, inputs, on_exceed=spec.budget.on_exceed)
     else:
         report = budget.static_estimate(shape, inputs, on_exceed=spec.budget.on_exceed)
@@ -186,11 +291,11 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
     labels: tuple[str, ...] = ()
     program = None
     if items is not None:
-        times, steps = output_dates(items, spec.source.group_by)
+        times, steps = dates
         groups: tuple[tuple[int, ...], ...] = ()
         if spec.reduce is not None and spec.reduce.period:
-            dates = [np.datetime64(t) for t in times]
-            labels, groups = group_indices(period_labels(dates, spec.reduce.period))
+            stamps = [np.datetime64(t) for t in times]
+            labels, groups = group_indices(period_labels(stamps, spec.reduce.period))
         program = Program(
             assets=shape.assets_loaded, mask=shape.mask, masked_assets=shape.masked_assets, bands=shape.bands,
             dtype=spec.grid.dtype, reduce_method=spec.reduce.method if spec.reduce else None,
@@ -201,15 +306,16 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
         program=program, times=times, period_labels=labels,
         quantile_dim=spec.reduce is not None and isinstance(spec.reduce.q, list), name=spec.name,
         resampling=spec.grid.resampling, expressions=tuple(spec.bands.items()),
+        cost=None if sources is None else job_cost(sources, grid, report, layout),
     )
 
 
-def _budget_details(spec: Any, items: Sequence[dict], sources: SourceTable, layout: WorkerLayout) -> dict:
-    """What the items tell the budget: each asset's load dtype and coverage planes, the output dates (passes), the
-    largest period, and the machine the client (and a LocalCluster) runs on."""
+def _budget_details(spec: Any, times: Sequence[str], sources: SourceTable, layout: WorkerLayout) -> dict:
+    """What the items tell the budget: each asset's load dtype and coverage planes, the output dates (passes,
+    ``times`` from :func:`output_dates`), the largest period, and the machine the client (and a LocalCluster) runs
+    on."""
     import numpy as np
 
-    times, _ = output_dates(items, spec.source.group_by)
     group_dates = None
     if spec.reduce is not None and spec.reduce.period and times:
         _, groups = group_indices(period_labels([np.datetime64(t) for t in times], spec.reduce.period))

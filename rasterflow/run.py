@@ -100,6 +100,10 @@ class RunResult:
                 "seconds": round(self.seconds, 3), "left": self.left or None}
 
 
+ADVICE_TIMEOUT = 3.0
+"""Seconds the tile-shape probe of ``plan`` waits for a file's header (advice: no answer means no advice)."""
+
+
 def plan_with_items(loaded: Any, items: list[dict], layout: Any) -> JobPlan:
     """The plan for searched items, checked against the spec (asset keys, mask types: exit 2 before any pixel is
     read); also reads file headers (no pixels): the first loaded asset's tile shape, and data type and nodata of
@@ -113,13 +117,20 @@ def plan_with_items(loaded: Any, items: list[dict], layout: Any) -> JobPlan:
     keys = [spec.source.assets[name] for name in pipeline_shape(spec).assets_loaded]
     # headers are opened as the workers will open the files: signed, the run's GDAL options and retries
     hrefs = [str(((item.get("assets") or {}).get(key) or {}).get("href") or "") for item in items for key in keys]
-    read_header = header_reader(policy_from_spec(spec.source, [h for h in hrefs if h])) if items else None
+    policy = policy_from_spec(spec.source, [h for h in hrefs if h])
+    read_header = header_reader(policy) if items else None
     headers = undeclared_headers(items, keys, read_header) if items else {}
     plan = make_plan(spec, items=items, layout=layout, headers=headers)
     check_items(loaded, plan)
     tile = None
     if keys and items:
-        tile = headers[keys[0]].tile_shape if keys[0] in headers else source_tile_shape(items, keys[0], read_header)
+        # the tile shape is only advice: one try, a short timeout (a server that never answers held plan for
+        # 488 s with the run's retries; tests/test_plan_scale.py)
+        from dataclasses import replace
+
+        advice = header_reader(replace(policy, retry=replace(policy.retry, attempts=1,
+                                                             timeout=min(policy.retry.timeout, ADVICE_TIMEOUT))))
+        tile = headers[keys[0]].tile_shape if keys[0] in headers else source_tile_shape(items, keys[0], advice)
     if tile is None:
         return plan
     return make_plan(spec, items=items, layout=layout, source_tile=tile, headers=headers)

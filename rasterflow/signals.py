@@ -12,6 +12,7 @@ not take over the signals of an Airflow worker or a notebook.
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from types import FrameType
@@ -49,6 +50,7 @@ class Interrupts:
             self.received = signum
         if self.deferring:
             return
+        _quiet_teardown_loggers()
         raise RunInterrupted(signum)
 
     def install(self) -> Interrupts:
@@ -90,6 +92,17 @@ class Interrupts:
                 self.received = exc.signum
             elif isinstance(exc, KeyboardInterrupt):
                 self.received = int(signal.SIGINT)
+
+
+# Loggers that report callbacks failing while an interrupted client tears down its event loop (e.g. distributed's
+# ``sync`` cancel callback: "NameError: cannot access free variable 'future'", tornado.application). The run's own
+# line says what happened; these tracebacks would only bury it.
+_TEARDOWN_LOGGERS = ("tornado.application", "asyncio", "distributed.client", "distributed.utils")
+
+
+def _quiet_teardown_loggers() -> None:
+    for name in _TEARDOWN_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def start_resource_tracker_deaf_to_hangups() -> None:

@@ -17,16 +17,19 @@ Metadata, per item (Sentinel-2 L2A changed its offset with processing baseline 0
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import functools
+import gc
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "AssetRead", "AssetSource", "FileHeader", "SourceTable", "MissingAsset", "missing_assets", "resolve_sources",
-    "declared_metadata", "footprint_on_grid", "grid_offset",
+    "declared_metadata", "declares_data_type", "footprint_on_grid", "grid_offset", "gc_paused",
 ]
 
 _INTEGER_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64")
@@ -237,6 +240,21 @@ def declared_metadata(item: Mapping[str, Any], key: str) -> dict[str, Any]:
     return found
 
 
+def declares_data_type(item: Mapping[str, Any], key: str) -> bool:
+    """Whether :func:`declared_metadata` finds a ``data_type`` for the asset (the same three places), without
+    collecting the rest: the header probe asks this of every item and asset."""
+    asset = (item.get("assets") or {}).get(key) or {}
+    raster_bands = asset.get("raster:bands")
+    if isinstance(raster_bands, list) and raster_bands and isinstance(raster_bands[0], Mapping) \
+            and isinstance(raster_bands[0].get("data_type"), str):
+        return True
+    if isinstance(asset.get("data_type"), str):
+        return True
+    bands = asset.get("bands")
+    return isinstance(bands, list) and len(bands) == 1 and isinstance(bands[0], Mapping) \
+        and isinstance(bands[0].get("data_type"), str)
+
+
 def _crs_of(item: Mapping[str, Any], asset: Mapping[str, Any]) -> str | None:
     for fields in (asset, item.get("properties") or {}):
         code = fields.get("proj:code")
@@ -261,10 +279,7 @@ def footprint_on_grid(crs: str, transform: Sequence[float], shape: Sequence[int]
     ys = [f + d * col + e * row for row in (0, rows) for col in (0, cols)]
     bounds = (min(xs), min(ys), max(xs), max(ys))
     if crs.upper() != grid.crs.upper():
-        from pyproj import Transformer
-
-        transformer = Transformer.from_crs(crs, grid.crs, always_xy=True)
-        bounds = transformer.transform_bounds(*bounds, densify_pts=21)
+        bounds = _transformer(crs.upper(), grid.crs.upper()).transform_bounds(*bounds, densify_pts=21)
     minx, _, _, maxy = grid.bounds
     res = grid.resolution
     height, width = grid.shape
@@ -273,6 +288,31 @@ def footprint_on_grid(crs: str, transform: Sequence[float], shape: Sequence[int]
     row0 = max(0, math.floor((maxy - bounds[3]) / res) - 1)
     row1 = min(height, math.ceil((maxy - bounds[1]) / res) + 1)
     return (row0, max(row0, row1), col0, max(col0, col1))
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while building many acyclic objects (parsed items, the
+    per-item-per-asset reads). Each allocation burst otherwise triggers full collections that walk every item
+    already held: at 73,000 items (219,000 files) they cost 2.9 s of an 8 s parse and ~3 s of planning.
+    Reference counting still frees everything; the collector's previous state is restored."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@functools.lru_cache(maxsize=256)
+def _transformer(src: str, dst: str) -> Any:
+    """One pyproj ``Transformer`` per CRS pair: creating one costs ~35 ms (PROJ database lookups), which made a
+    plan over 219,000 files (1,000 tiles × 73 dates × 3 assets) take two hours; a continent spans a few dozen
+    UTM zones. Planning is single-threaded (a Transformer must not be shared between threads)."""
+    from pyproj import Transformer
+
+    return Transformer.from_crs(src, dst, always_xy=True)
 
 
 def grid_offset(crs: str | None, transform: Sequence[float] | None, grid: Any) -> tuple[int, int] | None:
@@ -327,6 +367,7 @@ def resolve_sources(items: Sequence[Mapping[str, Any]], assets: Mapping[str, str
     reads: list[list[AssetRead]] = [[] for _ in items]
     sources: list[AssetSource] = []
     warnings: list[str] = []
+    placements: dict[tuple, tuple[tuple[int, int, int, int], bool]] = {}
     for name, key in assets.items():
         override = overrides.get(name)
         applied: Counter[str] = Counter()
@@ -376,12 +417,19 @@ def resolve_sources(items: Sequence[Mapping[str, Any]], assets: Mapping[str, str
             transform = tuple(float(v) for v in transform[:6]) if isinstance(transform, list) and len(transform) >= 6 \
                 else None
             shape = (int(shape[0]), int(shape[1])) if isinstance(shape, list) and len(shape) == 2 else None
-            footprint = footprint_on_grid(crs, transform, shape, grid) if crs and transform and shape else None
+            footprint = direct = None
+            if crs and transform and shape:
+                # one tile's files share their grid over every date and asset: place each grid once
+                placed = placements.get((crs, transform, shape))
+                if placed is None:
+                    placed = placements[(crs, transform, shape)] = (
+                        footprint_on_grid(crs, transform, shape, grid), grid_offset(crs, transform, grid) is not None)
+                footprint, direct = placed
             reads[t].append(AssetRead(
                 item_id=str(item.get("id")), name=name, key=key, href=str(asset.get("href", "")),
                 data_type=data_type, nodata=nodata, scale=float(scale), offset=float(offset), crs=crs,
                 transform=transform, shape=shape, band_count=declared.get("band_count"), footprint=footprint,
-                direct=grid_offset(crs, transform, grid) is not None,
+                direct=direct if direct is not None else grid_offset(crs, transform, grid) is not None,
             ))
             dtypes.add(data_type)
             nodatas.add(None if nodata is None or math.isnan(nodata) else nodata)

@@ -186,8 +186,14 @@ def _cli(spec: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def _finish(proc: subprocess.Popen, timeout: float = 120) -> str:
-    output, _ = proc.communicate(timeout=timeout)
+def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # say what the run printed before it stalled, and leave no process behind
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise AssertionError(f"the run did not end in {timeout} s; it printed:\n"
+                             f"{output.decode(errors='replace')}") from None
     text = output.decode(errors="replace")
     assert proc.returncode == 0, text
     return text

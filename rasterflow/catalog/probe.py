@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from rasterflow.sources import FileHeader, declared_metadata
+from rasterflow.sources import FileHeader, declares_data_type
 
 __all__ = ["HeaderReader", "source_header", "source_tile_shape", "undeclared_headers"]
 
@@ -53,7 +53,7 @@ def undeclared_headers(items: Sequence[Mapping[str, Any]], asset_keys: Iterable[
     headers: dict[str, FileHeader] = {}
     for key in dict.fromkeys(asset_keys):
         lacking = [item for item in items
-                   if key in (item.get("assets") or {}) and "data_type" not in declared_metadata(item, key)]
+                   if key in (item.get("assets") or {}) and not declares_data_type(item, key)]
         header = source_header(lacking, key, read_header) if lacking else None
         if header is not None:
             headers[key] = header
