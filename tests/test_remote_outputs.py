@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,7 @@ from click.testing import CliRunner
 
 from conftest import spec_text
 from reference import assert_same, load_items, masked_ndvi, reduce_reference
-from stac_servers import free_port
+from s3_server import moto_server
 
 from rasterflow.cli import cli
 
@@ -43,28 +42,9 @@ KEYS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGIO
 @pytest.fixture(scope="module")
 def s3_endpoint():
     """moto_server on a free loopback port with an empty bucket ``out``; yields its URL."""
-    exe = Path(sys.executable).parent / "moto_server"
-    if not exe.exists():
-        pytest.skip("moto_server not installed (pip install 'moto[server]>=5,<6', the test extra)")
-    port = free_port()
-    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(endpoint + "/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("moto_server did not start") from None
-                time.sleep(0.1)
+    with moto_server() as endpoint:
         _client(endpoint).create_bucket(Bucket=BUCKET)
         yield endpoint
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def _client(endpoint: str):

@@ -10,8 +10,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -24,8 +22,9 @@ from click.testing import CliRunner
 
 from conftest import spec_text
 from http_faults import Fault, fault_server, http_items
+from s3_server import moto_server
 from reference import assert_same, load_items, read_asset_stack, reduce_reference
-from stac_servers import free_port, rustac_server
+from stac_servers import rustac_server
 
 from rasterflow import retry
 from rasterflow.cli import cli
@@ -469,25 +468,9 @@ def test_a_run_through_a_flaky_stac_api_equals_the_local_run(sample, tmp_path, r
 @pytest.fixture(scope="module")
 def s3_sample(sample, tmp_path_factory):
     """moto_server on a free port with the sample COGs in bucket ``cogs``; yields (endpoint, items file)."""
-    exe = Path(sys.executable).parent / "moto_server"
-    if not exe.exists():
-        pytest.skip("moto_server not installed (pip install 'moto[server]>=5,<6', the test extra)")
     import boto3
 
-    port = free_port()
-    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(endpoint + "/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("moto_server did not start") from None
-                time.sleep(0.1)
+    with moto_server() as endpoint:
         s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
                           region_name="us-east-1")
         s3.create_bucket(Bucket="cogs")
@@ -503,10 +486,7 @@ def s3_sample(sample, tmp_path_factory):
                 if asset["href"].endswith(".tif"):
                     asset["href"] = "s3://cogs/" + Path(asset["href"]).relative_to(sample.directory).as_posix()
         (tmp / "items.json").write_text(json.dumps(items))
-        yield f"127.0.0.1:{port}", tmp / "items.json"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+        yield endpoint.removeprefix("http://"), tmp / "items.json"
 
 
 @pytest.mark.slow
