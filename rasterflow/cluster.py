@@ -484,16 +484,21 @@ class ProgressReporter:
         statuses = [f.status for f in self.futures]
         return sum(s == "finished" for s in statuses), sum(s in _FAILED for s in statuses)
 
-    def format_line(self, done: int, failed: int, elapsed: float) -> str:
+    def format_line(self, done: int, failed: int, elapsed: float, *, stopped: bool = False) -> str:
         total = self.total
-        percent = 100 if total == 0 else int(100 * done / total)
-        line = f"{done}/{total} {self.label} done, {percent}%, {elapsed:.1f} s"
+        if stopped and total == 0:  # stopped before the writer knew its block count: no "0/0 ... 100%"
+            line = f"{done} {self.label} done, {elapsed:.1f} s"
+        else:
+            percent = 100 if total == 0 else int(100 * done / total)
+            line = f"{done}/{total} {self.label} done, {percent}%, {elapsed:.1f} s"
         if failed:
             line += f", {failed} failed"
+        if stopped:
+            line += ", stopped by an error"
         return line
 
-    def _emit(self, done: int, failed: int) -> None:
-        line = self.format_line(done, failed, time.monotonic() - self._t0)
+    def _emit(self, done: int, failed: int, *, stopped: bool = False) -> None:
+        line = self.format_line(done, failed, time.monotonic() - self._t0, stopped=stopped)
         self.lines.append(line)
         self.stream.write(line + "\n")
         self.stream.flush()
@@ -540,8 +545,9 @@ class ProgressReporter:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    def stop(self) -> None:
-        """Stop polling and report the final count (a last plain line, or the bar's final state)."""
+    def stop(self, *, stopped: bool = False) -> None:
+        """Stop polling and report the final count (a last plain line, or the bar's final state); ``stopped``: an
+        error ended the work, and the line says so."""
         if self._thread is None:
             return
         self._stop.set()
@@ -551,14 +557,14 @@ class ProgressReporter:
             self._bar.update(self._bar_task, completed=done)
             self._bar.stop()
         else:
-            self._emit(done, failed)
+            self._emit(done, failed, stopped=stopped)
         self._thread = None
 
     def __enter__(self) -> ProgressReporter:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.stop(stopped=exc_type is not None)
 
 
 class CountingProgress(ProgressReporter):

@@ -224,6 +224,7 @@ def test_run_with_a_truncated_file_exits_1_and_names_it(sample, tmp_path):
     code, output = _invoke("run", str(spec))
     assert code == 1, output
     assert href in output and "Traceback" not in output
+    assert "stopped by an error" in output and "100%" not in output  # the progress line does not claim success
     assert not (tmp_path / "out" / "r.zarr").exists()
     report = json.loads((tmp_path / "out" / "r.zarr.report.json").read_text())
     assert report["exit_code"] == 1 and href in report["error"]
