@@ -59,6 +59,24 @@ def spec_text(sample, *, catalog: str | None = None, output: str = "out/result.z
     return "\n".join(lines) + "\n" + extra
 
 
+def sample_with_truncated_file(sample, tmp_path: Path, item_index: int, asset: str = "nir") -> tuple[Path, Path]:
+    """A copy of the sample under ``tmp_path/broken`` whose item ``item_index`` has its ``asset`` COG cut to a third
+    (a real fault: reading it fails in the middle of the computation); returns the copy's items file and that COG."""
+    import json
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(sample.directory, broken)
+    items = json.loads((broken / "items.json").read_text())
+    for item in items["features"]:
+        for meta in item["assets"].values():
+            meta["href"] = meta["href"].replace(str(sample.directory), str(broken))
+    (broken / "items.json").write_text(json.dumps(items))
+    victim = Path(items["features"][item_index]["assets"][asset]["href"])
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 3])
+    return broken / "items.json", victim
+
+
 @pytest.fixture(scope="session")
 def two_tile_sample(tmp_path_factory):
     """Two adjacent tiles per date (128² px each, 4 dates): one pass covers both."""

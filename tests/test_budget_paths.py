@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -435,19 +433,11 @@ def test_a_fix_runs_within_its_limit_on_a_local_cluster(sample, tmp_path):
 
 @pytest.mark.slow
 def test_a_failed_run_keeps_its_memory_samples(sample, tmp_path):
-    from conftest import spec_text
+    from conftest import sample_with_truncated_file, spec_text
 
-    broken = tmp_path / "broken"
-    shutil.copytree(sample.directory, broken)
-    items = json.loads((broken / "items.json").read_text())
-    for item in items["features"]:
-        for asset in item["assets"].values():
-            asset["href"] = asset["href"].replace(str(sample.directory), str(broken))
-    (broken / "items.json").write_text(json.dumps(items))
-    victim = Path(items["features"][5]["assets"]["nir"]["href"])
-    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 3])  # fails mid-computation
+    catalog, _victim = sample_with_truncated_file(sample, tmp_path, 5)  # fails mid-computation
     path = tmp_path / "s.yaml"
-    path.write_text(spec_text(sample, catalog=str(broken / "items.json"), reduce="{method: median}",
+    path.write_text(spec_text(sample, catalog=str(catalog), reduce="{method: median}",
                               output="out/fail.zarr", chunks="{time: -1, y: 64, x: 64}",
                               cluster="{n_workers: 1, threads_per_worker: 1, memory_limit: 2GB}"))
     result = CliRunner().invoke(cli, ["run", str(path)])

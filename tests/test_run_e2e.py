@@ -16,6 +16,7 @@ import rasterio
 import xarray as xr
 from click.testing import CliRunner
 
+from conftest import sample_with_truncated_file
 from rasterflow.cli import cli
 from reference import assert_same, load_items, masked_ndvi, months, read_asset_stack, reduce_reference
 
@@ -187,18 +188,8 @@ def test_existing_output_refused_exit_2_untouched(write_spec, tmp_path):
 
 def test_cog_failing_midway_leaves_no_file(write_spec, sample, tmp_path):
     # A real fault: one input COG is truncated, so reading it fails in the middle of the computation.
-    import shutil
-
-    broken = tmp_path / "broken"
-    shutil.copytree(sample.directory, broken)
-    items = json.loads((broken / "items.json").read_text())
-    for item in items["features"]:
-        for asset in item["assets"].values():
-            asset["href"] = asset["href"].replace(str(sample.directory), str(broken))
-    (broken / "items.json").write_text(json.dumps(items))
-    victim = Path(items["features"][3]["assets"]["nir"]["href"])
-    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 3])
-    spec = write_spec(catalog=str(broken / "items.json"), reduce="{method: median}", output="out/fail.tif")
+    catalog, _victim = sample_with_truncated_file(sample, tmp_path, 3)
+    spec = write_spec(catalog=str(catalog), reduce="{method: median}", output="out/fail.tif")
     code, output = _run(spec)
     assert code == 1, output
     left = {p.name for p in (tmp_path / "out").iterdir()}

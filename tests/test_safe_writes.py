@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import shutil
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ import rasterio
 import xarray as xr
 from click.testing import CliRunner
 
-from conftest import spec_text
+from conftest import sample_with_truncated_file, spec_text
 from rasterflow.cli import cli
 from rasterflow.lock import OutputLock, lock_path_for
 from reference import assert_same, load_items, masked_ndvi, reduce_reference
@@ -184,16 +183,8 @@ def test_a_file_that_appears_during_the_run_is_never_replaced(sample, tmp_path):
 
 @pytest.mark.slow
 def test_worker_errors_go_to_the_worker_log_not_the_terminal(write_spec, sample, tmp_path):
-    broken = tmp_path / "broken"
-    shutil.copytree(sample.directory, broken)
-    items = json.loads((broken / "items.json").read_text())
-    for item in items["features"]:
-        for asset in item["assets"].values():
-            asset["href"] = asset["href"].replace(str(sample.directory), str(broken))
-    (broken / "items.json").write_text(json.dumps(items))
-    victim = Path(items["features"][3]["assets"]["nir"]["href"])
-    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 3])
-    spec = write_spec(catalog=str(broken / "items.json"), reduce="{method: median}", output="out/fail.tif")
+    catalog, victim = sample_with_truncated_file(sample, tmp_path, 3)  # fails mid-computation
+    spec = write_spec(catalog=str(catalog), reduce="{method: median}", output="out/fail.tif")
     result = subprocess.run([*RASTERFLOW, "run", str(spec)], cwd=tmp_path, capture_output=True, text=True,
                             timeout=180)
     assert result.returncode == 1
