@@ -751,6 +751,18 @@ def demo(out_dir: Path | None, spec_path: Path | None, data_dir: Path | None) ->
     return result.exit_code
 
 
+def _register_stack_dump() -> None:
+    """``kill -USR1 <pid>`` prints every thread's Python stack to stderr: how to see where a cron run hangs
+    without stopping it (the run goes on). Registered only by the console entry points, never for an API caller."""
+    import faulthandler
+    import signal
+
+    usr1 = getattr(signal, "SIGUSR1", None)
+    if usr1 is not None:
+        faulthandler.register(usr1, all_threads=True, chain=False)
+
+
 def main() -> None:
     """Console-script entry point."""
+    _register_stack_dump()
     cli(prog_name="rasterflow")

@@ -222,6 +222,11 @@ def worker_dask_config(settings: ClusterSettings) -> dict[str, Any]:
         "distributed.worker.memory.terminate": settings.memory_terminate,
         # "auto" is lz4 when lz4 is installed; without it, no compression at all (zlib is never chosen by "auto").
         "distributed.worker.memory.spill-compression": "auto",
+        # The worker's statistical profiler calls sys._current_frames() every 10 ms; on Python <= 3.11 that can
+        # deadlock the worker against the garbage collector (HEAD_LOCK vs the GIL: cpython#106883,
+        # dask/distributed#8616, not fixed in 3.11): a run whose worker froze mid-write never ended. distributed
+        # already skips its event-loop profiler on 3.11 for the same reason; nothing of rasterflow uses either.
+        **({"distributed.worker.profile.enabled": False} if sys.version_info < (3, 12) else {}),
     }
 
 

@@ -38,8 +38,23 @@ def _exit_with_parent(parent: int, interval: float = 1.0) -> None:
             os._exit(1)
 
 
+def _die_with_parent_in_the_kernel() -> None:
+    # The watchdog thread needs the GIL; a worker wedged while holding it (a C library stuck in a call) would
+    # outlive the run and keep the run's pipes open. Linux can deliver SIGKILL itself when the parent goes.
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # not glibc/musl: the watchdog thread still stands
+        pass
+
+
 def dask_setup(worker: Any = None) -> None:
     """Called by distributed in the worker process (main thread) before the worker starts."""
+    _die_with_parent_in_the_kernel()
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), name="rasterflow-parent-watch",
                      daemon=True).start()
     for name in ("SIGINT", "SIGTERM", "SIGHUP"):

@@ -341,3 +341,60 @@ def test_progress_bar_on_a_terminal(local):
     out = io.StringIO()
     progress(futures, local.client, interactive=True, stream=out)
     assert "3/3" in out.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Worker health: a worker that cannot hang a run, and cannot outlive it
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="the profiler deadlock is a Python <= 3.11 bug")
+def test_the_worker_profiler_is_off_on_python_3_11(local):
+    # cpython#106883 / dask/distributed#8616: the profiler's sys._current_frames() deadlocked a worker mid-write
+    # (seen here: a run that never ended, its worker frozen in trigger_profile -> gc, every other thread on the GIL)
+    client = local.client
+    assert set(client.run(lambda: dask.config.get("distributed.worker.profile.enabled")).values()) == {False}
+    client.submit(sum, range(10**7), pure=False).result()
+    assert client.profile().get("count", 0) == 0  # no samples were taken
+
+
+_HOLD_THE_GIL = """
+import os, re, sys
+from rasterflow.cluster import ClusterSettings, open_cluster
+from rasterflow.sizing import WorkerLayout
+
+def wedge():  # the regex engine does not release the GIL: the worker's Python threads cannot run
+    re.match(r"(a+)+$", "a" * 64 + "b")
+
+settings = ClusterSettings(address=None, n_workers=1, threads_per_worker=1, memory_limit="1GB",
+                           gdal_cachemax=64_000_000, memory_target=0.6, memory_spill=0.7, memory_pause=0.8,
+                           memory_terminate=0.95, connect_timeout=10)
+with open_cluster(settings, WorkerLayout(n_workers=1, threads_per_worker=1, memory_limit=10**9,
+                                         source="local")) as handle:
+    pid = list(handle.client.run(os.getpid).values())[0]
+    handle.client.submit(wedge, pure=False)
+    print(pid, flush=True)
+    import time
+    time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_wedged_worker_dies_with_its_killed_run(tmp_path):
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD_THE_GIL], stdout=subprocess.PIPE, text=True,
+                            cwd=tmp_path, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        worker = psutil.Process(int(proc.stdout.readline()))
+        time.sleep(2)  # the task is running and holds the GIL
+        assert worker.is_running()
+        proc.kill()  # the run is SIGKILLed: no shutdown, no message to the worker
+        proc.wait(timeout=10)
+        gone, alive = psutil.wait_procs([worker], timeout=10)
+        assert not alive, "the worker outlived its run"
+    finally:
+        if proc.poll() is None:
+            proc.kill()

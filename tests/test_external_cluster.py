@@ -22,6 +22,7 @@ import pytest
 import xarray as xr
 
 from conftest import spec_text
+from procs import finish
 from reference import assert_same, load_items, masked_ndvi, reduce_reference
 
 pytestmark = pytest.mark.slow
@@ -187,14 +188,7 @@ def _cli(spec: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:  # say what the run printed before it stalled, and leave no process behind
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        raise AssertionError(f"the run did not end in {timeout} s; it printed:\n"
-                             f"{output.decode(errors='replace')}") from None
-    text = output.decode(errors="replace")
+    text, _ = finish(proc, timeout)  # a stalled run fails with its stacks and what it printed
     assert proc.returncode == 0, text
     return text
 
@@ -299,8 +293,7 @@ def test_a_worker_without_rasterflow_is_refused_before_any_task(external, sample
             client.wait_for_workers(3, timeout=60)
             spec = _spec(sample, tmp_path, "refused", f"{{address: '{external}'}}")
             proc = _cli(spec, env=_worker_env())
-            output, _ = proc.communicate(timeout=120)
-            text = output.decode(errors="replace")
+            text, _ = finish(proc, 120)
             assert proc.returncode == 1, text
             assert "rasterflow 0.1.0" in text and "not importable" in text and "Traceback" not in text, text
             assert not (tmp_path / "out" / "refused.zarr").exists()

@@ -19,6 +19,7 @@ import xarray as xr
 from click.testing import CliRunner
 
 from conftest import sample_with_truncated_file, spec_text
+from procs import finish
 from rasterflow.cli import cli
 from rasterflow.lock import OutputLock, lock_path_for
 from reference import assert_same, load_items, masked_ndvi, reduce_reference
@@ -55,7 +56,7 @@ def test_overlapping_runs_one_writes_the_other_exits_75(sample, tmp_path, suffix
         first_running = first.poll() is None
         second = subprocess.Popen([*RASTERFLOW, "run", str(spec), "-q"], cwd=tmp_path, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
-        outs = [p.communicate(timeout=180) for p in (first, second)]
+        outs = [finish(p, 180) for p in (first, second)]
         codes = sorted([first.returncode, second.returncode])
         winner, loser = (0, 1) if first.returncode == 0 else (1, 0)
         procs = (first, second)
@@ -175,7 +176,7 @@ def test_a_file_that_appears_during_the_run_is_never_replaced(sample, tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
     out.write_bytes(b"someone else's file")  # nothing was there when the run decided: it must stay
-    _stdout, stderr = proc.communicate(timeout=120)
+    _stdout, stderr = finish(proc, 120)
     assert proc.returncode != 0 and "appeared during the run" in stderr, stderr
     assert out.read_bytes() == b"someone else's file"
     assert not [p for p in out.parent.iterdir() if ".rasterflow-stream-" in p.name or "-partial-" in p.name]

@@ -20,6 +20,7 @@ import pytest
 import xarray as xr
 
 from conftest import spec_text
+from procs import finish
 
 pytestmark = pytest.mark.slow
 
@@ -96,7 +97,7 @@ def test_timeout_sigterm_mid_run_then_resume(sample, tmp_path, uninterrupted):
     workers = _workers_of(proc.pid)
     assert len(workers) >= 3  # rasterflow, its two workers (and multiprocessing's helper)
     proc.send_signal(signal.SIGTERM)
-    _stdout, stderr = proc.communicate(timeout=60)
+    _stdout, stderr = finish(proc, 60)
     assert proc.returncode == 143, stderr
     assert _gone(workers) == []  # no orphaned worker processes
     _check_interrupted(out, 143, stderr, "SIGTERM")
@@ -111,7 +112,7 @@ def test_ctrl_c_mid_run_then_resume(sample, tmp_path, uninterrupted):
     _wait_for_blocks(Path(str(out) + ".partial"), proc)
     workers = _workers_of(proc.pid)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: the whole foreground group gets it
-    _stdout, stderr = proc.communicate(timeout=60)
+    _stdout, stderr = finish(proc, 60)
     assert proc.returncode == 130, stderr
     assert _gone(workers) == []
     _check_interrupted(out, 130, stderr, "SIGINT")
@@ -156,7 +157,7 @@ def test_sighup_mid_cog_run_leaves_no_temp_file(sample, tmp_path):
     time.sleep(0.5)  # some blocks in
     workers = _workers_of(proc.pid)
     os.killpg(proc.pid, signal.SIGHUP)  # the terminal went away: the whole session gets it
-    _stdout, stderr = proc.communicate(timeout=60)
+    _stdout, stderr = finish(proc, 60)
     assert proc.returncode == 129, stderr
     assert _gone(workers) == []
     assert "Traceback" not in stderr
@@ -183,3 +184,17 @@ def test_workers_never_outlive_a_killed_run(sample, tmp_path):
     for pid in alive:  # do not leave them behind even when the test fails
         os.kill(pid, signal.SIGKILL)
     assert alive == []
+
+
+def test_sigusr1_prints_the_stacks_and_the_run_goes_on(sample, tmp_path, uninterrupted):
+    spec = _spec(sample, tmp_path, "usr1")
+    out = tmp_path / "out" / "usr1.zarr"
+    proc = subprocess.Popen([*RASTERFLOW, "run", str(spec), "-q"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    _wait_for_blocks(Path(str(out) + ".partial"), proc, at_least=5)
+    proc.send_signal(signal.SIGUSR1)
+    _stdout, stderr = finish(proc, 180)
+    assert proc.returncode == 0, stderr
+    assert "Current thread" in stderr or "Thread 0x" in stderr, stderr  # faulthandler's dump of every thread
+    assert 'File "' in stderr and "rasterflow" in stderr, stderr
+    np.testing.assert_array_equal(xr.open_zarr(out)["ndvi"].values, uninterrupted)

@@ -72,9 +72,6 @@ from rasterflow.catalog.query import (
     resolve_datetime,
     restore_proj_epsg,
 )
-from rasterflow.catalog.query import (
-    _interval_text as _interval_text,  # re-exported: tests use rasterflow.catalog._interval_text
-)
 from rasterflow.errors import NoItemsFoundError
 from rasterflow.sources import gc_paused
 from rasterflow.spec.timeparse import format_interval
