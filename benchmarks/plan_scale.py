@@ -235,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{result['wall']:.2f} s, peak {result['peak_mb']:.0f} MB", flush=True)
         if result["code"] not in (0, 3):
             print(result["stderr"][-2000:])
+        stages = budget.get("stages") or [{}]
+        print(f"  per task: {stages[0].get('detail', '?')}; peak per worker {budget.get('peak_per_worker', 0) / 1e9:.2f} "
+              f"GB of {budget.get('memory_limit', 0) / 1e9:.2f} GB", flush=True)
+        for refusal in budget.get("refusals", []):
+            print(f"  refused: {refusal}", flush=True)
         rows.append((n * args.dates, n, result["wall"], result["peak_mb"], budget.get("task_count"),
                      result["payload"].get("grid", {}).get("shape")))
     if rows:

@@ -5,17 +5,18 @@ DOMAIN.md: ``peak per worker ≈ chunk_bytes × live_arrays × threads_per_worke
 The model follows the code path :mod:`rasterflow.graph` builds from the same resolved plan (issue 10):
 
 - **fused** (a reduction with time whole, or ``group_by: solar_day``): one task per spatial chunk reads every item
-  (``read.read_planes``: the raw block in each asset's load dtype, plus a boolean coverage plane for integer assets
+  whose files meet the chunk (the plan's chunk index, :attr:`BudgetInputs.chunk_depth`: its most items of one chunk;
+  ``read.read_planes``: the raw block in each asset's load dtype, plus a boolean coverage plane for integer assets
   without one nodata value), masks and evaluates the bands one date at a time into one output series per band
-  (``kernels._band_series``: as many dates as passes with solar_day) and reduces each series
+  (``kernels._band_series``: one per date with an item there, passes with solar_day) and reduces each series
   (``kernels.reduce_block``), on a period's subset copy when there are periods.
 - **tree** (a streaming reduction with time chunked): one task per (time chunk, spatial chunk) evaluates the bands
   into a ``(date, band, y, x)`` block (``kernels.band_block``), which stays in the worker until one reduction task
   per band has turned it into partials (``graph._tree_reduce``: Dask's nan-reductions; std's streaming partials).
 - **series** (no reduction): the same band block, held until every date of it is written.
 
-A task's memory is counted in *planes*: one plane is one asset's chunk over the task's dates, ``t × y × x`` in the
-working dtype (the loaded block can be narrower: uint16 is half a float32 plane). A worker runs as many tasks at
+A task's memory is counted in *planes*: one plane is one asset's chunk over the task's items, ``t × y × x`` in the
+working dtype (``t``: :attr:`BudgetInputs.items_per_task`) (the loaded block can be narrower: uint16 is half a float32 plane). A worker runs as many tasks at
 once as it has threads *and* tasks: a worker that gets one chunk holds one working set whatever its threads. Edge
 chunks are counted at their real size. GDAL's block cache holds at most what the worker decodes; each thread keeps
 the files it opened (a bounded LRU, ``read.datasets``). With COG output the client process assembles the files
@@ -28,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from rasterflow.errors import BudgetExceededError
 from rasterflow.expr import Expression, parse_expression
@@ -217,6 +218,16 @@ def pipeline_shape(spec: Any) -> PipelineShape:
 
 
 @dataclass(frozen=True)
+class ChunkDepth:
+    """What the tasks of one spatial chunk size hold at most (``plan.ChunkIndex.depth``): the items whose files
+    meet one chunk, the output dates they make, and the files it reads."""
+
+    items: int
+    dates: int
+    files: int
+
+
+@dataclass(frozen=True)
 class BudgetInputs:
     """Sizes the model needs, resolved from the spec (statically) or from a search and the real cluster."""
 
@@ -259,6 +270,22 @@ class BudgetInputs:
     files_per_chunk: int | None = None
     """Most source files (item × asset) whose footprint meets one spatial chunk; None = every file (the reader opens
     only the files that cover the chunk: with tiles side by side, a chunk meets one tile's items)."""
+    chunk_depth: Callable[[int, int], ChunkDepth] | None = field(default=None, compare=False, repr=False)
+    """``(chunk_y, chunk_x) -> ChunkDepth`` from the plan's chunk index: a task holds only the items whose files
+    meet its chunk; None = every item meets every chunk (the static check)."""
+
+    def depth(self) -> ChunkDepth | None:
+        """The chunk index's :class:`ChunkDepth` at these chunks, at most ``n_time`` items and ``dates`` dates."""
+        if self.chunk_depth is None:
+            return None
+        found = self.chunk_depth(*self.chunk_yx)
+        return ChunkDepth(max(1, min(found.items, self.n_time)), max(1, min(found.dates, self.dates)), found.files)
+
+    @property
+    def items_per_task(self) -> int:
+        """Items on a task's time axis: its time slice, at most the most items meeting one chunk."""
+        depth = self.depth()
+        return self.time_per_chunk if depth is None else min(self.time_per_chunk, depth.items)
 
     @property
     def time_per_chunk(self) -> int:
@@ -272,9 +299,10 @@ class BudgetInputs:
 
     @property
     def plane_bytes(self) -> int:
-        """One asset's full chunk over its time slice in the working dtype: the model's unit."""
+        """One asset's full chunk over a task's items (:attr:`items_per_task`) in the working dtype: the model's
+        unit."""
         cy, cx = self.chunk_yx
-        return self.time_per_chunk * cy * cx * dtype_itemsize(self.dtype)
+        return self.items_per_task * cy * cx * dtype_itemsize(self.dtype)
 
     @property
     def n_spatial_chunks(self) -> int:
@@ -466,15 +494,21 @@ def _sizes(total: int, chunk: int) -> list[tuple[int, int]]:
 def task_shapes(shape: PipelineShape, inputs: BudgetInputs) -> tuple[TaskShape, ...]:
     """The root tasks of the graph by shape, largest first (edge chunks at their real size).
 
-    With solar_day, or a reduction with time whole, a task reads every item (``graph._task_array``); otherwise one
-    task per time chunk, whose dates are its items.
+    With solar_day, or a reduction with time whole, a task reads every item whose files meet its chunk (the plan's
+    chunk index: ``inputs.depth()``; without one every item), and the fused path's series holds only their dates;
+    otherwise one task per time chunk, whose dates are its items (and which reads those meeting its chunk).
     """
     cy, cx = inputs.chunk_yx
     height, width = inputs.grid_shape
-    if shape.mosaics_passes or (shape.reduce_method and code_path(shape, inputs) == "fused"):
-        times = [(inputs.n_time, inputs.dates, 1)]
+    depth = inputs.depth()
+    fused = bool(shape.reduce_method) and code_path(shape, inputs) == "fused"
+    if shape.mosaics_passes or fused:
+        items = inputs.n_time if depth is None else depth.items
+        dates = depth.dates if depth is not None and fused else inputs.dates
+        times = [(items, dates, 1)]
     else:
-        times = [(size, size, n) for size, n in _sizes(inputs.n_time, inputs.time_per_chunk)]
+        most = inputs.n_time if depth is None else depth.items
+        times = [(min(size, most), size, n) for size, n in _sizes(inputs.n_time, inputs.time_per_chunk)]
     out = [TaskShape(rows, cols, items, dates, ny * nx * nt)
            for rows, ny in _sizes(height, cy) for cols, nx in _sizes(width, cx) for items, dates, nt in times]
     return tuple(sorted(out, key=lambda t: (t.pixels * t.items, t.pixels), reverse=True))
@@ -507,7 +541,7 @@ def _task_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape) ->
         method = shape.reduce_method or ""
         group = min(inputs.group_dates or task.dates, task.dates) * one
         extra = REDUCTION_EXTRA_PLANES[method] * group + (group if shape.has_period else 0)
-        n_groups = math.ceil(task.dates / max(1, inputs.group_dates or task.dates)) if shape.has_period else 1
+        n_groups = _n_groups(shape, inputs)  # every period of the output, whatever dates the chunk has
         out = n_groups * max(1, shape.n_quantiles) * n_bands * one
         stages.append((f"reduce {method}", int(held + extra + out),
                        f"{base} + {REDUCTION_EXTRA_PLANES[method]:g} working copies"
@@ -626,10 +660,12 @@ def open_files_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
     """Source files one thread keeps open, :data:`OPEN_FILE_BYTES` each: those of the spatial chunks it reads (all
     the files, or ``files_per_chunk`` per chunk), at most the reader's LRU bound."""
     files = inputs.n_time * len(shape.assets_loaded)
-    if inputs.files_per_chunk is not None:
+    depth = inputs.depth()
+    per_chunk = depth.files if depth is not None else inputs.files_per_chunk
+    if per_chunk is not None:
         threads = max(1, inputs.n_workers * concurrent_tasks(shape, inputs))
         chunks_per_thread = math.ceil(inputs.n_spatial_chunks / threads)
-        files = min(files, chunks_per_thread * inputs.files_per_chunk)
+        files = min(files, chunks_per_thread * per_chunk)
     return min(MAX_OPEN_PER_THREAD, files) * OPEN_FILE_BYTES
 
 
@@ -865,7 +901,7 @@ def _tile_misalignment(inputs: BudgetInputs) -> str | None:
 
 def _plane_words(inputs: BudgetInputs) -> str:
     cy, cx = inputs.chunk_yx
-    return f"{inputs.time_per_chunk}×{cy}×{cx} {inputs.dtype} ({format_bytes(inputs.plane_bytes)})"
+    return f"{inputs.items_per_task}×{cy}×{cx} {inputs.dtype} ({format_bytes(inputs.plane_bytes)})"
 
 
 def _chunk_for_tasks(inputs: BudgetInputs, shape: PipelineShape, target: int) -> str:

@@ -388,8 +388,11 @@ def _print_plan(loaded: Any, plan: Any) -> None:
     echo(f"  items found      {len(plan.items)}")
     echo(f"  grid             {plan.grid.shape[0]} x {plan.grid.shape[1]} px, {plan.grid.crs}, "
          f"{plan.grid.resolution:g} m, bounds {tuple(round(b, 3) for b in plan.grid.bounds)}")
-    echo(f"  chunk            time {inputs.time_per_chunk} x y {cy} x x {cx}, {inputs.dtype}: "
-         f"{format_bytes(inputs.plane_bytes)} per asset plane")
+    depth = inputs.items_per_task
+    # a task holds only the items whose files meet its chunk (the plan's chunk index): say so when that is fewer
+    held = f" (at most {depth} of {inputs.time_per_chunk} meet one chunk)" if depth < inputs.time_per_chunk else ""
+    echo(f"  chunk            time {depth} x y {cy} x x {cx}, {inputs.dtype}: "
+         f"{format_bytes(inputs.plane_bytes)} per asset plane{held}")
     for index, (name, asset) in enumerate(assets_applied(plan).items()):
         label = "assets" if index == 0 else ""
         key = f" ({asset['key']})" if asset["key"] != name else ""

@@ -3,13 +3,14 @@
 Nothing here computes: the result is a Dask-backed Dataset that a writer streams to storage chunk by chunk.
 With time whole (the default) the read, mask, bands and reduction of a spatial chunk run in one task
 (:func:`chunk_reduce`) that depends on no other task, so no intermediate leaves its task, the chunks spread over
-all workers and no data moves between them. Each task carries only the asset reads whose files cover its chunk.
+all workers and no data moves between them. Each task carries only the items whose files meet its chunk (the
+plan's :class:`~rasterflow.plan.ChunkIndex`) and, of those, the asset reads whose files cover it.
 The graph is built from the plan alone (:class:`~rasterflow.plan.JobPlan`), with Dask's public API.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import dask
 import dask.array as da
@@ -21,17 +22,20 @@ from rasterflow import kernels
 from rasterflow.plan import JobPlan
 from rasterflow.read import ReadJob, read_planes
 
-__all__ = ["build_dataset", "chunk_reduce", "chunk_bands", "read_jobs"]
+__all__ = ["build_dataset", "chunk_reduce", "chunk_bands", "read_jobs", "local_read_job"]
 
 
-def chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], program: kernels.Program) -> np.ndarray:
-    """The fused task: read every date of one chunk and reduce it -> ``(group, quantile, band, y, x)``."""
-    return kernels.reduce_block(read_planes(job, rows, cols), program)
+def chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], program: kernels.Program,
+                 view: kernels.TaskItems | None = None) -> np.ndarray:
+    """The fused task: read every date of one chunk (the items of ``view``) and reduce it ->
+    ``(group, quantile, band, y, x)``."""
+    return kernels.reduce_block(read_planes(job, rows, cols), program, view)
 
 
-def chunk_bands(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], program: kernels.Program) -> np.ndarray:
-    """Read a time slice of one chunk and evaluate the bands -> ``(date, band, y, x)``."""
-    return kernels.band_block(read_planes(job, rows, cols), program)
+def chunk_bands(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], program: kernels.Program,
+                view: kernels.TaskItems | None = None) -> np.ndarray:
+    """Read a time slice of one chunk (the items of ``view``) and evaluate the bands -> ``(date, band, y, x)``."""
+    return kernels.band_block(read_planes(job, rows, cols), program, view)
 
 
 def _bounds(chunks: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -40,7 +44,8 @@ def _bounds(chunks: tuple[int, ...]) -> list[tuple[int, int]]:
 
 
 def read_jobs(plan: JobPlan, items: slice, rows: tuple[int, int], cols: tuple[int, int]) -> ReadJob:
-    """The reads of ``items`` whose files may cover the output window (the others become None)."""
+    """The reads of every item of ``items`` whose files may cover the output window (the others become None): the
+    task of a plan without a chunk index, and the reference the indexed tasks equal."""
     assert plan.sources is not None
     reads = tuple(
         tuple(read if read.intersects(rows, cols) else None for read in item_reads)
@@ -49,9 +54,29 @@ def read_jobs(plan: JobPlan, items: slice, rows: tuple[int, int], cols: tuple[in
     return ReadJob(reads=reads, assets=plan.sources.assets, grid=plan.grid, resampling=plan.resampling)
 
 
+def local_read_job(plan: JobPlan, items: Sequence[int], rows: tuple[int, int], cols: tuple[int, int],
+                   one_box: Sequence[bool] | None = None) -> ReadJob:
+    """The reads of ``items`` (those the chunk index puts on this window), a file missing the window None.
+
+    ``one_box[t]``: every file of item ``t`` has the same footprint, so the index's word that the item meets the
+    window holds for each of them (its reads are taken as they are, shared with the plan's table)."""
+    assert plan.sources is not None
+    table = plan.sources.reads
+    reads = tuple(table[t] if one_box is not None and one_box[t]
+                  else tuple(read if read.intersects(rows, cols) else None for read in table[t]) for t in items)
+    return ReadJob(reads=reads, assets=plan.sources.assets, grid=plan.grid, resampling=plan.resampling)
+
+
+def _one_box(plan: JobPlan) -> list[bool]:
+    """Per item: all its files share one footprint on the grid (the tiles of most collections)."""
+    assert plan.sources is not None
+    return [len({read.footprint for read in reads}) == 1 for reads in plan.sources.reads]
+
+
 def _task_array(plan: JobPlan, prefix: str, function: Any, time_chunks: tuple[int, ...], leading: tuple,
                 dtype: str) -> da.Array:
-    """A Dask array with one independent task per (time chunk, y chunk, x chunk)."""
+    """A Dask array with one independent task per (time chunk, y chunk, x chunk); each task holds only the items
+    the plan's chunk index puts on its chunk (:class:`~rasterflow.kernels.TaskItems`)."""
     program = plan.program
     assert program is not None, "a plan without items has no tasks"
     cy, cx = plan.chunks["y"], plan.chunks["x"]
@@ -62,12 +87,30 @@ def _task_array(plan: JobPlan, prefix: str, function: Any, time_chunks: tuple[in
                                repr(program), plan.resampling)
     name = f"{prefix}-{token}"
     layer: dict = {}
-    item_edges = _bounds(time_chunks) if not program.steps else [(0, len(plan.items))]
+    n_items = len(plan.items)
+    item_edges = _bounds(time_chunks) if not program.steps else [(0, n_items)]
+    index = plan.chunk_index
+    if index is not None and index.chunk_yx != (cy, cx):
+        raise ValueError(f"the plan's chunk index is for chunks {index.chunk_yx}, its tasks are {(cy, cx)}")
+    one_box = _one_box(plan) if index is not None else None
+    step_of = None
+    if program.steps:
+        step_of = np.zeros(n_items, dtype=np.int64)
+        for d, indices in enumerate(program.steps):
+            step_of[list(indices)] = d
     for k, (t0, t1) in enumerate(item_edges):
         for i, rows in enumerate(_bounds(y_chunks)):
             for j, cols in enumerate(_bounds(x_chunks)):
                 key = (name, k) + (0,) * (len(leading) - 1) + (i, j)
-                layer[key] = (function, read_jobs(plan, slice(t0, t1), rows, cols), rows, cols, program)
+                if index is None:
+                    layer[key] = (function, read_jobs(plan, slice(t0, t1), rows, cols), rows, cols, program)
+                    continue
+                local = index.items_of(i, j)
+                if t0 > 0 or t1 < n_items:
+                    local = local[np.searchsorted(local, t0):np.searchsorted(local, t1)]
+                items = local.tolist()
+                view = kernels.task_items(program, items, t0, t1 - t0, step_of)
+                layer[key] = (function, local_read_job(plan, items, rows, cols, one_box), rows, cols, program, view)
     chunks = leading + (y_chunks, x_chunks)
     graph = HighLevelGraph.from_collections(name, layer, dependencies=())
     return da.Array(graph, name, chunks, meta=np.empty((0,) * len(chunks), dtype=dtype))

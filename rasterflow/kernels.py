@@ -15,7 +15,7 @@ import numpy as np
 from rasterflow.expr import Expression
 
 __all__ = [
-    "Program", "Planes", "working_plane", "band_block", "reduce_block", "reduce_time", "nanquantile_time", "solar_day_steps", "period_labels",
+    "Program", "Planes", "TaskItems", "task_items", "absent_bands", "absent_is_nan", "working_plane", "band_block", "reduce_block", "reduce_time", "nanquantile_time", "solar_day_steps", "period_labels",
     "group_indices", "std_partials", "combine_std_partials", "finish_std",
 ]
 
@@ -128,8 +128,79 @@ def _valid(env: dict[str, np.ndarray], names: Sequence[str]) -> np.ndarray:
     return valid
 
 
-def _band_series(planes: Planes, program: Program) -> dict[str, np.ndarray]:
-    """Mask and evaluate the bands of one task's planes: every band's ``(date, y, x)`` values in the working dtype.
+@dataclass(frozen=True)
+class TaskItems:
+    """Which of the program's items and dates one task holds: those with a file meeting its chunk
+    (``plan.ChunkIndex``). An item none of whose files meets the chunk (absent) would hold only NaN there: its
+    date is left out of the series, or its band values are those of an all-NaN item (:func:`absent_bands`)."""
+
+    n_dates: int
+    """Dates of the task (its time slice, or every date with solar-day steps)."""
+    dates: tuple[int, ...]
+    """Per local date, its index among the task's dates (ascending)."""
+    steps: tuple[tuple[int, ...], ...]
+    """Per local date, the local items (indices into the task's planes) mosaicked in it."""
+    starts_absent: tuple[bool, ...]
+    """Per local date: the first item of its pass is absent, so the mosaic starts from an all-NaN item (as it did
+    when the absent item was loaded as nodata)."""
+
+
+def task_items(program: Program, items: Sequence[int], first: int, count: int,
+               step_of: Any = None) -> TaskItems:
+    """The :class:`TaskItems` of a task reading ``items`` (ascending indices of the plan's items, in
+    ``first .. first + count``). With solar-day steps the task holds every date; ``step_of`` (an int array) gives
+    each item's date."""
+    if not program.steps:
+        return TaskItems(n_dates=count, dates=tuple(int(t) - first for t in items),
+                         steps=tuple((p,) for p in range(len(items))), starts_absent=(False,) * len(items))
+    assert step_of is not None, "solar-day steps need the date of each item"
+    local = np.asarray(items, dtype=np.int64)
+    of = np.asarray(step_of)[local]
+    order = np.argsort(of, kind="stable")  # by date, the items of one date in time order
+    ordered = of[order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1]))) if len(ordered) else order
+    dates = ordered[starts].tolist()
+    firsts = local[order[starts]].tolist()
+    bounds = starts.tolist() + [len(order)]
+    positions = order.tolist()
+    return TaskItems(n_dates=len(program.steps), dates=tuple(dates),
+                     steps=tuple(tuple(positions[a:b]) for a, b in zip(bounds[:-1], bounds[1:])),
+                     starts_absent=tuple(program.steps[d][0] != first for d, first in zip(dates, firsts)))
+
+
+def _all_items(program: Program, n_items: int) -> TaskItems:
+    n_dates = len(program.steps) or n_items
+    return TaskItems(n_dates=n_dates, dates=tuple(range(n_dates)),
+                     steps=program.steps or tuple((t,) for t in range(n_items)), starts_absent=(False,) * n_dates)
+
+
+def _absent_env(program: Program, shape: tuple[int, ...], dtype: np.dtype) -> dict[str, np.ndarray]:
+    """What :func:`_masked_assets` gives for an item no file of which meets the chunk: every asset NaN (nodata or
+    uncovered -> NaN, scale 1, offset 0; the mask can only set NaN)."""
+    return {name: np.full(shape, np.nan, dtype=dtype) for name in program.assets}
+
+
+def absent_bands(program: Program, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """The band values of an absent item's date: the bands evaluated on all-NaN assets (NaN for most band math;
+    ``where(isnan(red), 0, red)`` or a comparison give numbers)."""
+    dtype = np.dtype(program.dtype)
+    env = _absent_env(program, shape, dtype)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        for name, expression in program.bands:
+            env[name] = np.asarray(expression.evaluate(env), dtype=dtype)
+    return {name: env[name] for name in program.band_names}
+
+
+def absent_is_nan(bands: tuple[tuple[str, Expression], ...], assets: tuple[str, ...], dtype: str) -> bool:
+    """True when every band is NaN where no item is (then a date without an item in a chunk changes no reduction
+    there and a task leaves it out); checked on a one-pixel plane."""
+    program = Program(assets=assets, mask=None, masked_assets=(), bands=bands, dtype=dtype)
+    return all(bool(np.isnan(plane).all()) for plane in absent_bands(program, (1, 1)).values())
+
+
+def _band_series(planes: Planes, program: Program, view: TaskItems | None = None) -> dict[str, np.ndarray]:
+    """Mask and evaluate the bands of one task's planes: every band's ``(date, y, x)`` values in the working dtype,
+    one per local date of ``view`` (default: every item of the planes, each date of ``program.steps``).
 
     Everything is per pixel, so the work runs one date at a time: the temporaries are ``(y, x)`` planes, and the
     only date-deep arrays are the loaded planes and one output series per band. With solar-day steps the tiles of a
@@ -137,15 +208,19 @@ def _band_series(planes: Planes, program: Program) -> dict[str, np.ndarray]:
     are all valid (not nodata, not masked), so red and nir of one pixel never come from different tiles.
     """
     dtype = np.dtype(program.dtype)
-    steps = program.steps or tuple((t,) for t in range(planes.n_items))
-    series = {name: np.empty((len(steps), *planes.spatial_shape), dtype=dtype) for name in program.band_names}
+    view = view or _all_items(program, planes.n_items)
+    series = {name: np.empty((len(view.steps), *planes.spatial_shape), dtype=dtype) for name in program.band_names}
     judged = program.band_assets or program.assets
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        for step, indices in enumerate(steps):
-            env = _masked_assets(planes, indices[0], program, dtype)
-            if len(indices) > 1:
+        for step, (indices, absent_first) in enumerate(zip(view.steps, view.starts_absent)):
+            rest = indices
+            if absent_first:
+                env = _absent_env(program, planes.spatial_shape, dtype)
+            else:
+                env, rest = _masked_assets(planes, indices[0], program, dtype), indices[1:]
+            if rest:
                 filled = _valid(env, judged)
-                for t in indices[1:]:
+                for t in rest:
                     more = _masked_assets(planes, t, program, dtype)
                     take = _valid(more, judged)
                     take &= ~filled
@@ -161,25 +236,55 @@ def _band_series(planes: Planes, program: Program) -> dict[str, np.ndarray]:
     return series
 
 
-def band_block(planes: Planes, program: Program) -> np.ndarray:
-    """Mask and band math of one task: -> ``(date, band, y, x)``."""
-    values = _band_series(planes, program)
-    n_dates = len(program.steps) or planes.n_items
+def band_block(planes: Planes, program: Program, view: TaskItems | None = None) -> np.ndarray:
+    """Mask and band math of one task: -> ``(date, band, y, x)``, every date of the task; with ``view`` the dates
+    without an item of the planes hold :func:`absent_bands`."""
+    values = _band_series(planes, program, view)
+    if view is None:
+        n_dates = len(program.steps) or planes.n_items
+        dates: Sequence[int] = range(n_dates)
+    else:
+        n_dates, dates = view.n_dates, view.dates
     out = np.empty((n_dates, len(values), *planes.spatial_shape), dtype=program.dtype)
+    absent = absent_bands(program, planes.spatial_shape) if len(dates) < n_dates else {}
+    if absent:
+        missing = np.setdiff1d(np.arange(n_dates), np.asarray(dates, dtype=np.intp))
     for index, name in enumerate(program.band_names):
-        out[:, index] = values.pop(name)
+        if absent:
+            out[missing, index] = absent[name]
+            out[list(dates), index] = values.pop(name)
+        else:
+            out[:, index] = values.pop(name)
     return out
 
 
-def reduce_block(planes: Planes, program: Program) -> np.ndarray:
-    """The fused task: -> ``(group, quantile, band, y, x)``; the planes hold every date."""
-    values = _band_series(planes, program)
-    groups = program.groups or (tuple(range(len(program.steps) or planes.n_items)),)
+def reduce_block(planes: Planes, program: Program, view: TaskItems | None = None) -> np.ndarray:
+    """The fused task: -> ``(group, quantile, band, y, x)``; the planes hold every date (or, with ``view``, the
+    items meeting the chunk: a period's dates without one are NaN there and left out, or, where the band math
+    gives a number for no data, take :func:`absent_bands`, in their place, as when every item was loaded)."""
+    values = _band_series(planes, program, view)
+    n_dates = view.n_dates if view is not None else len(program.steps) or planes.n_items
+    groups = program.groups or (tuple(range(n_dates)),)
+    position = {d: p for p, d in enumerate(view.dates)} if view is not None else None
+    absent = absent_bands(program, planes.spatial_shape) if position is not None and len(position) < n_dates else {}
     out = np.empty((len(groups), program.n_quantiles, len(values), *planes.spatial_shape), dtype=program.dtype)
     for band_index, name in enumerate(program.band_names):
         series = values.pop(name)
+        fill = absent.get(name)
+        keep = fill is not None and not bool(np.isnan(fill).all())
         for group_index, indices in enumerate(groups):
-            subset = series if len(indices) == series.shape[0] else series[list(indices)]
+            if position is None:
+                local: Sequence[int] = indices
+            else:
+                local = [position[d] for d in indices if d in position]
+            if keep and len(local) < len(indices):
+                assert position is not None and fill is not None
+                subset = np.stack([series[position[d]] if d in position else fill for d in indices])
+            elif not local:  # no item of the period meets the chunk: the period's all-NaN series, one date of it
+                assert fill is not None
+                subset = fill[None]
+            else:
+                subset = series if len(local) == series.shape[0] else series[list(local)]
             out[group_index, :, band_index] = reduce_time(subset, program.reduce_method or "", program.quantiles)
         del series
     return out

@@ -11,6 +11,7 @@ maps them to exit codes, the API raises them).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -217,6 +218,9 @@ def plan_payload(loaded: Any, plan: JobPlan) -> dict:
                    "memory_limit": layout.memory_limit, "source": layout.source},
         "assets": assets_applied(plan),
         "budget": plan.report.to_dict(),
+        # what the tasks hold and read (the chunk index; the items' declared grids): no file was opened for these
+        "items_per_task": plan.report.inputs.items_per_task,
+        "cost": None if plan.cost is None else dataclasses.asdict(plan.cost),
     }
 
 

@@ -35,7 +35,10 @@ __all__ = ["ReadJob", "read_planes", "read_asset", "read_header", "header_reader
 
 @dataclass(frozen=True)
 class ReadJob:
-    """What one task reads: its items' asset reads (None: no file of that item covers the chunk)."""
+    """What one task reads: the asset reads of its items (None: that item's file of the asset misses the chunk).
+
+    The items are those the plan's chunk index puts on the task's chunk (``graph.local_read_job``), in time order;
+    :class:`~rasterflow.kernels.TaskItems` says which of the plan's dates they make."""
 
     reads: tuple[tuple[AssetRead | None, ...], ...]
     """``[item][asset]`` in the order of ``assets``."""
