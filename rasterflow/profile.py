@@ -73,15 +73,24 @@ def profile_one_task(plan: Any, spec: Any, *, use_memray: bool = True, flamegrap
 
     from rasterflow import graph
 
+    from rasterflow.read.policy import current_policy, job_hrefs, policy_from_spec, set_policy
+
     dataset = graph.build_dataset(plan)
     variable = dataset[next(iter(dataset.data_vars))].data
     index = _middle_block(variable)
     block = variable.blocks[index]
     os.environ.setdefault("GDAL_CACHEMAX", str(parse_bytes(spec.cluster.gdal_cachemax)))
+    # the task reads as a run's would: the spec's retries, on_read_error and signer, not the defaults
+    policy = policy_from_spec(spec.source, job_hrefs(plan))
 
     def compute() -> None:
-        with dask.config.set(scheduler="synchronous"):
-            block.compute()
+        previous = current_policy()
+        set_policy(policy)
+        try:
+            with dask.config.set(scheduler="synchronous"):
+                block.compute()
+        finally:
+            set_policy(previous)
 
     # A first, unmeasured run imports the readers and warms the file cache, so imports are not counted as the task.
     started = time.perf_counter()

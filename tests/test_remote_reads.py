@@ -516,3 +516,26 @@ def test_s3_sources_read_through_an_s3_api_equal_the_local_run(sample, tmp_path,
     with pytest.raises(ReadFailedError, match="HTTP 404") as caught:
         _read_window(sample, tmp_path / "missing.json", tmp_path, ReadPolicy(run_id="s3-missing"))
     assert "s3://cogs/missing/red.tif" in str(caught.value) and caught.value.attempts == 1
+
+
+# ---- rasterflow profile reads as the run would ---------------------------------------------------------------
+
+
+def test_profile_reads_with_the_specs_read_policy(sample, tmp_path):
+    path = _rel(sample, 3, "red")
+    with fault_server(sample.directory, faults=[Fault("status", path=path, always=True, status=404)]) as server:
+        catalog = http_items(sample, server.url, tmp_path / "items.json")
+        outcomes = {}
+        for policy in ("fail", "nodata"):
+            spec = _spec(sample, tmp_path / f"{policy}.yaml", catalog, output=f"out/{policy}.zarr",
+                         source="on_read_error: fail" if policy == "fail"
+                         else "on_read_error: nodata\nmax_failed_fraction: 0.5")
+            text = spec.read_text().replace("chunks: {time: -1, y: 96, x: 96}", "chunks: {time: -1, y: -1, x: -1}")
+            spec.write_text(text)  # one chunk: the profiled task reads every file, the missing one too
+            result = CliRunner().invoke(cli, ["profile", str(spec), "--no-memray"])
+            outcomes[policy] = (result.exit_code, result.output + (result.stderr if result.stderr_bytes else ""))
+    code, output = outcomes["fail"]
+    assert code != 0 and server.url + path in output and "404" in output, output
+    code, output = outcomes["nodata"]
+    assert code == 0, output  # the spec's on_read_error: nodata, as a run would read
+    assert "measured, tracemalloc" in output
