@@ -166,7 +166,15 @@ NARROWEST_LOAD = "uint8"
 
 MIN_CHUNK_BYTES = 16 * 10**6
 MIN_TASKS_FOR_LARGE_JOB = 1_000
-MAX_TASKS = 100_000
+MAX_TASKS = 2_000_000
+"""Tasks above which the client's graph is refused. The writers submit in bounded batches (``write.submit``: the
+scheduler holds the tasks of a few blocks per worker thread, whatever the job), but the client still builds and
+holds the graph of every chunk (``graph.build_dataset``: a read task per chunk, a selection per band) before the
+first block is written: :data:`GRAPH_BYTES_PER_TASK` each, so ~2 GB here."""
+GRAPH_BYTES_PER_TASK = 1_000
+"""Client memory of the graph per counted task (:func:`estimate_task_count`), measured 2026-12-03 with
+``tracemalloc`` around ``graph.build_dataset`` of a 1-band median plan: +16 MB from 2,500 to 10,000 chunks, 2.1 KB
+per chunk = 0.7 KB per task (3 tasks per chunk), rounded up; the write tasks are made per batch and not held."""
 LARGE_JOB_BYTES = 10 * 10**9
 SMALL_JOB_BYTES = 10**9
 """Below this much input, small chunks cost little; the small-chunk warning would only be noise."""
@@ -772,12 +780,12 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
     total_bytes = inputs.plane_bytes * inputs.n_spatial_chunks * inputs.n_time_chunks * max(1, len(shape.assets_loaded))
     if tasks > MAX_TASKS:
         refusals.append(
-            # not the scheduler's ~1 ms per task (286,000 tasks: 5 min against days of reading at continental
-            # scale): the writers build the whole graph here and submit it at once, so the client and the
-            # scheduler hold every task for the whole run (issue 13, step 4: bounded submission)
-            f"about {tasks:,} tasks: above ~{MAX_TASKS:,} the run would build and submit them all at once, and "
-            f"the client and the scheduler hold every one of them until the end; "
-            f"use larger chunks ({_chunk_for_tasks(inputs, shape, 20_000)} keeps it near 20,000)"
+            # not the scheduler: it holds only the blocks in flight (bounded submission, write.submit); the client
+            # builds the graph of every chunk up front (issue 13, step 4)
+            f"about {tasks:,} tasks: above ~{MAX_TASKS:,} the graph this process builds before the first block "
+            f"is written would take ~{format_bytes(tasks * GRAPH_BYTES_PER_TASK)} "
+            f"(~{format_bytes(GRAPH_BYTES_PER_TASK)} per task; the scheduler holds only the blocks in flight); "
+            f"use larger chunks ({_chunk_for_tasks(inputs, shape, 200_000)} keeps it near 200,000)"
         )
     elif (tasks < MIN_TASKS_FOR_LARGE_JOB and total_bytes > LARGE_JOB_BYTES
           and inputs.n_spatial_chunks < 2 * inputs.n_workers * inputs.threads_per_worker):

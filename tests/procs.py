@@ -7,13 +7,16 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 __all__ = ["finish"]
 
 
 def _stacks(pid: int) -> str:
-    spy = shutil.which("py-spy")
+    beside = Path(sys.executable).with_name("py-spy")  # the test venv's, when its bin/ is not on PATH
+    spy = str(beside) if beside.exists() else shutil.which("py-spy")
     if spy is not None:
         try:
             dumped = subprocess.run([spy, "dump", "--pid", str(pid), "--subprocesses"], capture_output=True,

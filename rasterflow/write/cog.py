@@ -7,8 +7,9 @@ How it streams
 1. A tiled, compressed GTiff per output file is filled block by block. Blocks are computed on the cluster (the
    given ``distributed.Client``, a global one, or a local thread pool) and each finished block is written by *this*
    process with rasterio, then released. At most ``2 × threads`` blocks are in flight, so memory stays bounded and
-   workers never need to see the output filesystem (works with a remote cluster). Each block is requested with only
-   its own culled sub-graph, so submitting is proportional to the block's tasks, not to the whole graph.
+   workers never need to see the output filesystem (works with a remote cluster). Blocks are submitted in bounded
+   batches (:mod:`rasterflow.write.submit`), each batch's graph built from its own blocks only, so the client and
+   the scheduler hold O(blocks in flight), not the whole job.
 2. ``rasterio.shutil.copy(..., driver="COG")`` turns it into a COG with overviews under ``GDAL_CACHEMAX``, into a
    hidden temporary file next to the output, which is renamed onto the output only when every file is done.
    For an fsspec URL (``s3://bucket/prefix/out.tif``) both files are made in a local scratch directory and each
@@ -27,15 +28,13 @@ expressions, versions) goes into the dataset tags.
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import dask
 import dask.array as da
 import numpy as np
 import rasterio
@@ -63,8 +62,10 @@ from rasterflow.write.common import (
 
 __all__ = ["write_cog"]
 
-#: Upper bound on the bytes of one submission (all leading-dim entries of one spatial block, when they fit).
+#: Upper bound on the bytes of one unit of submission (leading-dim entries of one spatial block, when they fit).
 BATCH_BYTES = 128 * 2**20
+#: Finished blocks in flight per worker thread: they travel to this process, so fewer than the Zarr writer's.
+COG_INFLIGHT_PER_THREAD = 2
 _RESAMPLINGS = ("nearest", "average", "bilinear", "cubic", "cubicspline", "lanczos", "mode", "rms")
 #: ``predictor`` -> the COG driver's PREDICTOR creation option
 _PREDICTORS = {"auto": "YES", "none": "NO", "standard": "STANDARD", "floating_point": "FLOATING_POINT"}
@@ -116,26 +117,6 @@ def _tile_size(chunks: tuple[int, ...], blocksize: int) -> int:
     return blocksize
 
 
-def _default_client(client: Any) -> Any:
-    if client is not None:
-        return client
-    if dask.config.get("scheduler", None) not in (None, "dask.distributed", "distributed"):
-        return None
-    try:
-        from distributed import default_client
-
-        return default_client()
-    except (ImportError, ValueError):
-        return None
-
-
-def _local_threads() -> int:
-    scheduler = dask.config.get("scheduler", None)
-    if scheduler in ("sync", "synchronous", "single-threaded"):
-        return 1
-    return int(dask.config.get("num_workers", None) or os.cpu_count() or 1)
-
-
 def _cube(ds: xr.Dataset, names: list[str], nlead: int) -> da.Array:
     """``(*leading, band, y, x)``, chunked 1 along leading dims and whole along bands."""
     arrays = []
@@ -149,100 +130,35 @@ def _cube(ds: xr.Dataset, names: list[str], nlead: int) -> da.Array:
     return cube.rechunk({**{axis: 1 for axis in range(nlead)}, nlead: len(names)})
 
 
-class _Pool:
-    """Submit culled sub-graphs, a few at a time; on a distributed client or a local thread pool."""
-
-    def __init__(self, client: Any):
-        self.client = client
-        if client is not None:
-            from distributed import as_completed
-
-            self.nthreads = max(1, sum(client.nthreads().values()))
-            self.executor = None
-            # bound to this client's loop: distributed.wait() would look for a *default* client
-            self.completed = as_completed(loop=client.loop, raise_errors=False)
-        else:
-            self.nthreads = _local_threads()
-            self.executor = concurrent.futures.ThreadPoolExecutor(self.nthreads, thread_name_prefix="rasterflow-cog")
-
-    def submit(self, graph: dict, keys: list) -> list[tuple[Any, list[int]]]:
-        """Start computing ``keys``; returns handles, each with the positions in ``keys`` it yields."""
-        from dask.optimization import cull
-
-        sub, _ = cull(graph, keys)
-        if self.client is not None:
-            futures = self.client.get(sub, keys, sync=False)
-            self.completed.update(futures)
-            return [(f, [i]) for i, f in enumerate(futures)]
-        from dask.local import get_sync
-
-        assert self.executor is not None  # no client: this pool runs the tasks
-        return [(self.executor.submit(get_sync, sub, keys), list(range(len(keys))))]
-
-    def wait_any(self, handles: list) -> list:
-        if self.client is not None:
-            done = [next(self.completed)]
-            while self.completed.has_ready():
-                done.append(next(self.completed))
-            return done
-        finished, _ = concurrent.futures.wait(handles, return_when=concurrent.futures.FIRST_COMPLETED)
-        return list(finished)
-
-    def results(self, handle: Any) -> list:
-        value = handle.result()
-        if self.client is not None:
-            handle.release()
-            return [value]
-        return list(value)
-
-    def close(self, handles: list) -> None:
-        if self.client is not None:
-            if handles:
-                self.client.cancel(list(handles))
-        elif self.executor is not None:
-            self.executor.shutdown(wait=True, cancel_futures=True)
-
-
 def _stream_blocks(cube: da.Array, nlead: int, client: Any, write: Callable[[tuple, int, int, np.ndarray], None],
                    progress: Callable[[int, int], None] | None = None) -> int:
-    """Compute every block of ``cube`` and hand it to ``write(lead_index, i, j, block)``; returns blocks written."""
-    (optimized,) = dask.optimize(cube)
-    graph = dict(optimized.__dask_graph__())
-    name = optimized.name
+    """Compute every block of ``cube`` and hand it to ``write(lead_index, i, j, block)``; returns blocks written.
+
+    Bounded (:func:`rasterflow.write.submit.run_units`): at most ``COG_INFLIGHT_PER_THREAD`` blocks per worker thread
+    in flight, each batch's graph made from its own blocks only, each block fetched, written and released as it
+    finishes.
+    """
+    from rasterflow.write import submit
+
     lead_indices = list(np.ndindex(*cube.numblocks[:nlead]))
     ny, nx = cube.numblocks[-2:]
     unit_bytes = cube.dtype.itemsize * cube.shape[nlead] * max(cube.chunks[-2]) * max(cube.chunks[-1])
-
-    pool = _Pool(client)
-    max_inflight = max(2, 2 * pool.nthreads)
+    max_inflight = submit.in_flight_cap(client, COG_INFLIGHT_PER_THREAD)
     group = max(1, min(max_inflight, BATCH_BYTES // max(1, unit_bytes)))
-    batches = []
-    for i in range(ny):
-        for j in range(nx):
-            for start in range(0, len(lead_indices), group):
-                batches.append([(lead, i, j) for lead in lead_indices[start:start + group]])
-    batches.reverse()  # pop() from the end in row-major order
+    name = cube.name
 
-    inflight: dict[Any, list[tuple]] = {}
-    written = 0
-    total = sum(len(units) for units in batches)
-    try:
-        while batches or inflight:
-            while batches and sum(len(u) for u in inflight.values()) < max_inflight:
-                units = batches.pop()
-                keys = [(name, *lead, 0, i, j) for lead, i, j in units]
-                for handle, positions in pool.submit(graph, keys):
-                    inflight[handle] = [units[p] for p in positions]
-            for handle in pool.wait_any(list(inflight)):
-                units = inflight.pop(handle)
-                for (lead, i, j), block in zip(units, pool.results(handle)):
-                    write(lead, i, j, np.asarray(block))
-                    written += 1
-                    if progress is not None:
-                        progress(written, total)
-    finally:
-        pool.close(list(inflight))
-    return written
+    def units() -> Iterator[list]:
+        # one unit: entries of the leading dims of one spatial block (they share the block's read-and-reduce task)
+        for i in range(ny):
+            for j in range(nx):
+                for start in range(0, len(lead_indices), group):
+                    yield [(name, *lead, 0, i, j) for lead in lead_indices[start:start + group]]
+
+    def on_result(key: tuple, block: Any) -> None:
+        write(tuple(key[1:1 + nlead]), key[-2], key[-1], np.asarray(block))
+
+    return submit.run_units(units(), submit.BlockGraph([cube]), total=len(lead_indices) * ny * nx,
+                            client=client, max_in_flight=max_inflight, on_result=on_result, progress=progress)
 
 
 def _tag_text(value: Any) -> str:
@@ -341,7 +257,9 @@ def write_cog(
     nodata = stored.nodata
     row_offsets = np.concatenate([[0], np.cumsum(cube.chunks[-2])]).astype(int)
     col_offsets = np.concatenate([[0], np.cumsum(cube.chunks[-1])]).astype(int)
-    client = _default_client(client)
+    from rasterflow.write.submit import default_client
+
+    client = default_client(client)
 
     remote = is_remote(path)
     if remote:

@@ -56,7 +56,8 @@ class WriteResult:
     bytes_written: int
     """Total size on disk of ``paths`` after the write (compressed bytes, overviews included)."""
     blocks_written: int
-    """Dask blocks computed and written by this run (for COG: one block = all bands of one chunk of one file)."""
+    """Dask blocks computed and written by this run (for COG: one block = all bands of one chunk of one file; for a
+    sharded Zarr store, the blocks of the shards written)."""
     blocks_skipped: int
     """Blocks found finished by an earlier, interrupted run with the same fingerprint and not recomputed."""
     format: str

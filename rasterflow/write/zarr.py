@@ -23,12 +23,19 @@ Design
   :class:`~rasterflow.write.common.Encoding` asks, GDAL's ``_CRS`` attribute, coordinates (``y``, ``x``, leading
   dims, the scalar ``spatial_ref`` with the CRS and GeoTransform), the run's description (``metadata``) and the group
   attributes ``rasterflow_fingerprint`` and ``rasterflow_complete: false``.
-* Every Dask block is then encoded and written by the worker that computed it, straight into its Zarr chunk (blocks
-  and chunks coincide, so no two tasks touch the same chunk), followed by an empty done-marker
-  ``<store>/.rasterflow/done/<var>/<i>.<j>...``. The task returns a one-element array: nothing pixel-sized travels to
-  the client.
-* Resume: a staging store with the same fingerprint that is not complete is reused; blocks with a marker are not
-  recomputed (their keys are never requested, so Dask culls their upstream tasks). Another fingerprint: start over.
+* Every write region is then encoded and written by a worker, straight into its Zarr object, followed by an empty
+  done-marker ``<store>/.rasterflow/done/<var>/<i>.<j>...``. A region is one Dask block = one Zarr chunk, or with
+  Zarr v3 sharding one shard of up to ``side`` x ``side`` chunks, assembled from its Dask blocks by one task and
+  written with one assignment. Each region belongs to exactly one task, so no two tasks ever write the same object
+  (writing parts of one shard from several tasks would read-modify-write it concurrently and lose data, see
+  pydata/xarray#10831). The task returns a one-element array: nothing pixel-sized travels to the client.
+* Submission is bounded (:mod:`rasterflow.write.submit`): a few regions per worker thread in flight, a new batch
+  when half of them finished, each batch's graph (its write tasks and their upstream) built from its own regions
+  only; the futures of finished regions are released at once. The client and the scheduler hold O(regions in
+  flight), not the job. Regions of one spatial position (every variable and leading index) go together, since they
+  share their read-and-reduce task.
+* Resume: a staging store with the same fingerprint and layout (shape, chunks, shards, dtype) that is not complete is
+  reused; regions with a marker are not submitted, so their upstream tasks never run. Otherwise: start over.
 * Finish: ``rasterflow_complete: true``, markers removed, metadata consolidated, renamed into place. Each step is
   idempotent, so a crash in between is finished by the next run.
 
@@ -42,6 +49,11 @@ consolidated metadata (inside the root ``zarr.json``) is not yet part of the v3 
 writing it (silenced here), xarray reads it without a warning. Both formats carry CF metadata (``grid_mapping``,
 ``_FillValue``, ``scale_factor``/``add_offset``), so ``xr.open_zarr`` decodes physical values and rioxarray finds the
 CRS and transform.
+
+Sharding (format 3 only): by default an array of more than :data:`SHARD_ABOVE_CHUNKS` chunks is stored in shards of
+up to :data:`MAX_SHARD_SIDE` x :data:`MAX_SHARD_SIDE` chunks and at most :data:`SHARD_BYTES` (``shards=`` sets the
+side; 1 turns it off), so a continental grid is thousands of objects instead of millions. The chunks inside a shard
+stay individually readable (zarr-python reads the shard index, then only the chunks asked for).
 """
 
 from __future__ import annotations
@@ -50,7 +62,8 @@ import math
 import os
 import uuid
 import warnings
-from typing import Any, Callable, Literal
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
 
 import dask
 import dask.array as da
@@ -85,6 +98,13 @@ ZARR_FORMAT: ZarrFormat = 2
 ZARR_FORMATS = (2, 3)
 #: Done-markers live under ``<store>/<MARKER_DIR>/<var>/``; removed when the store is complete.
 MARKER_DIR = ".rasterflow/done"
+#: Zarr v3 shards: at most this many bytes (stored dtype) and this many chunks per side. A write task holds one
+#: shard (its Dask blocks, then the assembled shard): 64 MiB keeps that within a few chunks of the usual size.
+SHARD_BYTES = 64 * 2**20
+MAX_SHARD_SIDE = 8
+#: By default only arrays of more chunks than this are sharded: a few hundred objects list and copy quickly, and an
+#: unsharded store is what more readers open.
+SHARD_ABOVE_CHUNKS = 1024
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -108,17 +128,21 @@ def _touch(url: str) -> None:
         pass
 
 
-def _write_block(block: np.ndarray, *, store: str, var: str, markers: str, zarr_format: ZarrFormat,
-                 encoding: Encoding | None = None, block_info=None) -> np.ndarray:
-    """Encode one Dask block, write it into its Zarr chunk, then leave its done-marker. Runs on a worker."""
+def _write_region(blocks: list, *, store: str, var: str, markers: str, zarr_format: ZarrFormat,
+                  encoding: Encoding | None, region: tuple[tuple[int, int], ...], marker: str,
+                  columns: int) -> np.ndarray:
+    """Assemble the Dask blocks of one write region (one Zarr chunk, or one shard of several chunks: ``blocks`` in
+    row-major order, ``columns`` per row), encode it, write it with one assignment, then leave its done-marker.
+    Runs on a worker; no other task writes this region's objects."""
     import zarr
 
-    info = block_info[0]
-    region = tuple(slice(start, stop) for start, stop in info["array-location"])
+    rows = [np.concatenate(blocks[k:k + columns], axis=-1) if columns > 1 else blocks[k]
+            for k in range(0, len(blocks), columns)]
+    block = np.concatenate(rows, axis=-2) if len(rows) > 1 else rows[0]
     array = zarr.open_array(store, path=var, mode="r+", zarr_format=zarr_format)
     stored = encode_block(block, encoding, var) if encoding is not None else block
-    array[region] = np.asarray(stored, dtype=array.dtype)
-    _touch(_join(markers, var, ".".join(str(i) for i in info["chunk-location"])))
+    array[tuple(slice(start, stop) for start, stop in region)] = np.asarray(stored, dtype=array.dtype)
+    _touch(_join(markers, var, marker))
     return np.ones((1,) * block.ndim, dtype=np.int8)
 
 
@@ -164,10 +188,29 @@ def _crs_attr(ds: xr.Dataset) -> dict | None:
     return None if crs is None else {"wkt": crs.to_wkt()}
 
 
+def shard_side(chunk_yx: tuple[int, int], itemsize: int, numblocks_yx: tuple[int, int],
+               requested: int | None = None) -> int:
+    """Chunks per shard side for a Zarr v3 store: ``requested``, else 1 (no sharding) for a grid of at most
+    :data:`SHARD_ABOVE_CHUNKS` chunks, else the largest power of two up to :data:`MAX_SHARD_SIDE` whose square shard
+    holds at most :data:`SHARD_BYTES` and does not exceed the grid."""
+    if requested is not None:
+        if int(requested) < 1:
+            raise ValueError(f"shards must be a positive number of chunks per shard side, got {requested}")
+        return int(requested)
+    side = 1
+    if numblocks_yx[0] * numblocks_yx[1] <= SHARD_ABOVE_CHUNKS:
+        return side
+    chunk_bytes = chunk_yx[0] * chunk_yx[1] * itemsize
+    while (side * 2 <= MAX_SHARD_SIDE and (side * 2) ** 2 * chunk_bytes <= SHARD_BYTES
+           and side < max(numblocks_yx)):
+        side *= 2
+    return side
+
+
 def _prepare(ds: xr.Dataset, compression: str, zarr_format: ZarrFormat = ZARR_FORMAT,
-             encoding: Encoding | None = None) -> tuple[xr.Dataset, Encoding]:
+             encoding: Encoding | None = None, shards: int | None = None) -> tuple[xr.Dataset, Encoding, int]:
     """A shallow copy of ``ds`` with dask-backed, regularly chunked data variables and explicit Zarr encodings,
-    and the resolved encoding of the stored values."""
+    the resolved encoding of the stored values and the chunks per shard side (1: no sharding)."""
     spatial_dims(ds)  # same dims everywhere, at least 2-D
     out = ds.copy(deep=False)
     for name, var in ds.variables.items():
@@ -193,6 +236,7 @@ def _prepare(ds: xr.Dataset, compression: str, zarr_format: ZarrFormat = ZARR_FO
     else:
         stored = (encoding or Encoding()).resolved(computed)
     crs_attr = _crs_attr(ds)
+    side = 1
     for name in list(out.data_vars):
         band = out[name]
         data = band.data
@@ -205,8 +249,18 @@ def _prepare(ds: xr.Dataset, compression: str, zarr_format: ZarrFormat = ZARR_FO
         out[name].attrs = {k: v for k, v in band.attrs.items() if k not in ("grid_mapping", "coordinates", "_CRS")}
         if crs_attr:
             out[name].attrs["_CRS"] = crs_attr  # what GDAL's Zarr driver reads for the CRS
-        var_encoding: dict[str, Any] = {"chunks": tuple(c[0] for c in data.chunks), "compressors": compressors,
+        chunks = tuple(c[0] for c in data.chunks)
+        var_encoding: dict[str, Any] = {"chunks": chunks, "compressors": compressors,
                                         "dtype": np.dtype(stored.dtype)}
+        if zarr_format == 3:
+            side = shard_side((chunks[-2], chunks[-1]), np.dtype(stored.dtype).itemsize,
+                              (data.numblocks[-2], data.numblocks[-1]), shards)
+            if side > 1:
+                # one shard object holds side x side chunks; each shard is written whole by one task
+                var_encoding["shards"] = chunks[:-2] + tuple(
+                    c * min(side, n) for c, n in zip(chunks[-2:], data.numblocks[-2:]))
+        elif shards not in (None, 1):
+            raise ValueError("shards need Zarr format 3 (output.zarr_format: 3); format 2 has no sharding")
         # xarray writes these as CF attributes (fill_value for v2), and decodes them on open
         var_encoding["_FillValue"] = None if stored.nodata is None else np.dtype(stored.dtype).type(stored.nodata)
         if stored.is_scaled:
@@ -218,7 +272,7 @@ def _prepare(ds: xr.Dataset, compression: str, zarr_format: ZarrFormat = ZARR_FO
             var_encoding["grid_mapping"] = grid_mapping
             var_encoding["coordinates"] = grid_mapping
         out.variables[name].encoding = var_encoding
-    return out, stored
+    return out, stored, side
 
 
 def _write_template(ds: xr.Dataset, store: str, fingerprint: str, zarr_format: ZarrFormat,
@@ -228,11 +282,14 @@ def _write_template(ds: xr.Dataset, store: str, fingerprint: str, zarr_format: Z
     with warnings.catch_warnings():
         # the template's values are never computed, so xarray's "encoding NaN to an integer" warning is moot
         warnings.filterwarnings("ignore", category=RuntimeWarning)
-        template.to_zarr(store, mode="w", compute=False, consolidated=False, zarr_format=zarr_format)
+        # safe_chunks=False: xarray writes no block of a data variable here (compute=False); each shard of several
+        # Dask blocks is written later by exactly one task (_write_region), never by two at once
+        template.to_zarr(store, mode="w", compute=False, consolidated=False, zarr_format=zarr_format,
+                         safe_chunks=False)
 
 
 def _layout_matches(ds: xr.Dataset, store: str, stored_dtype: Any) -> bool:
-    """Whether the store's arrays have the shapes, chunks and dtypes this dataset would write."""
+    """Whether the store's arrays have the shapes, chunks, shards and dtypes this dataset would write."""
     import zarr
 
     try:
@@ -244,6 +301,10 @@ def _layout_matches(ds: xr.Dataset, store: str, stored_dtype: Any) -> bool:
                 return False
             if (tuple(array.shape) != tuple(data.shape) or tuple(array.chunks) != tuple(c[0] for c in data.chunks)
                     or np.dtype(array.dtype) != np.dtype(stored_dtype)):
+                return False
+            shards = array.shards
+            expected = ds[name].encoding.get("shards")
+            if (tuple(shards) if shards else None) != (tuple(expected) if expected else None):
                 return False
     except Exception:  # an unreadable or foreign store is not ours to resume: start over
         return False
@@ -351,20 +412,59 @@ def _swap_into_place(staging: str, path: str, *, may_replace: bool) -> None:
 # the writer
 
 
-def _compute_on(client: Any, todo: list, progress: Callable[[int, int], None] | None) -> None:
-    """Compute on the cluster, reporting each finished block; the first failure is raised."""
-    from distributed import as_completed, futures_of
+def _write_units(prepared: xr.Dataset, names: list[str], done: dict[str, set[tuple[int, ...]]], side: int, *,
+                 store: str, markers: str, zarr_format: ZarrFormat, encoding: Encoding | None,
+                 token: str) -> tuple[Callable[[Any], Any], Callable[[Any], int], Iterator[list], int, int]:
+    """The write tasks of the job, made per batch: a task maker (Dask's graph specification: a tuple with the
+    function first), the units (the regions of one spatial position: every variable and leading index, as they
+    share their upstream tasks), the Dask blocks of a region's key, and the counts of Dask blocks to write and
+    already done. A region is one Zarr chunk, or with shards one shard of up to ``side`` x ``side`` chunks."""
+    from dask.utils import apply
 
-    # persist() optimizes the collections together (as compute() would) and yields one future per output block.
-    futures = futures_of(client.persist(todo))
-    try:
-        # bound to this client's loop: without it as_completed looks for a *default* client
-        for count, future in enumerate(as_completed(futures, loop=client.loop), start=1):
-            future.result()
-            if progress is not None:
-                progress(count, len(futures))
-    finally:
-        client.cancel(futures)
+    first = prepared[names[0]].data
+    lead_blocks = first.numblocks[:-2]
+    ny, nx = first.numblocks[-2:]
+    sy, sx = -(-ny // side), -(-nx // side)  # write regions (shards) per axis
+    offsets = [np.concatenate([[0], np.cumsum(c)]).astype(int) for c in first.chunks]
+    writers = {f"rasterflow-write-zarr-{name}-{token}": name for name in names}
+    inputs = {name: prepared[name].data.name for name in names}
+    leads = list(np.ndindex(*lead_blocks))
+
+    def blocks_in(si: int, sj: int) -> int:
+        return (min(ny, (si + 1) * side) - si * side) * (min(nx, (sj + 1) * side) - sj * side)
+
+    def weight(key: Any) -> int:
+        return blocks_in(key[-2], key[-1])
+
+    def task(key: Any) -> Any:
+        if not (isinstance(key, tuple) and key and key[0] in writers):
+            return None
+        name = writers[key[0]]
+        *lead, si, sj = key[1:]
+        rows = range(si * side, min(ny, (si + 1) * side))
+        cols = range(sj * side, min(nx, (sj + 1) * side))
+        blocks = [(inputs[name], *lead, i, j) for i in rows for j in cols]
+        region = tuple((int(offsets[axis][k]), int(offsets[axis][k + 1])) for axis, k in enumerate(lead)) + (
+            (int(offsets[-2][rows.start]), int(offsets[-2][rows.stop])),
+            (int(offsets[-1][cols.start]), int(offsets[-1][cols.stop])),
+        )
+        kwargs = dict(store=store, var=name, markers=markers, zarr_format=zarr_format, encoding=encoding,
+                      region=region, marker=".".join(str(int(i)) for i in (*lead, si, sj)), columns=len(cols))
+        return (apply, _write_region, [blocks], kwargs)
+
+    def units() -> Iterator[list]:
+        for si in range(sy):
+            for sj in range(sx):
+                unit = [(writer, *lead, si, sj) for writer, name in writers.items() for lead in leads
+                        if (*lead, si, sj) not in done[name]]
+                if unit:
+                    yield unit
+
+    skipped = sum(blocks_in(index[-2], index[-1]) for name in names for index in done[name]
+                  if len(index) == len(lead_blocks) + 2
+                  and all(0 <= k < n for k, n in zip(index, (*lead_blocks, sy, sx))))
+    total = len(leads) * ny * nx * len(names)
+    return task, weight, units(), total - skipped, skipped
 
 
 def write_zarr(
@@ -379,6 +479,7 @@ def write_zarr(
     zarr_format: ZarrFormat = ZARR_FORMAT,
     encoding: Encoding | None = None,
     metadata: dict[str, Any] | None = None,
+    shards: int | None = None,
 ) -> WriteResult:
     """Write a lazy Dataset to a Zarr store, chunk by chunk in parallel, atomically, resuming an interrupted run.
 
@@ -405,6 +506,11 @@ def write_zarr(
         ``_FillValue``/``scale_factor``/``add_offset``, so readers decode physical values.
     metadata : dict, optional
         Extra group attributes (JSON values): time range, method, item count, versions...
+    shards : int, optional
+        Zarr format 3 only: chunks per shard side (1: no sharding). Default: none up to
+        :data:`SHARD_ABOVE_CHUNKS` chunks per array, above that the largest power of two up to
+        :data:`MAX_SHARD_SIDE` whose shard holds at most :data:`SHARD_BYTES`, so a large grid is a manageable number
+        of objects. Each shard is assembled from its Dask blocks and written whole by one task.
 
     Raises
     ------
@@ -422,7 +528,7 @@ def write_zarr(
     codec = compression_name(compression, "zarr")
     remote = is_remote(path)
     store = zarr_staging_path(path)  # staged for local paths and object stores alike
-    prepared, stored = _prepare(ds, codec, zarr_format, encoding)
+    prepared, stored, side = _prepare(ds, codec, zarr_format, encoding, shards)
     # float output without scaling is written as computed: no per-block encoding work
     computed = np.result_type(*(prepared[n].dtype for n in prepared.data_vars))
     as_computed = (not stored.is_scaled and np.dtype(stored.dtype) == computed
@@ -448,46 +554,27 @@ def write_zarr(
     complete = bool(resumable and state is not None and state.complete)
 
     markers = _join(store, MARKER_DIR)
-    total = sum(math.prod(prepared[name].data.numblocks) for name in names)
-    written = 0
-    skipped = total if complete else 0
-    if not complete:
+    written = skipped = 0
+    if complete:
+        skipped = sum(math.prod(prepared[name].data.numblocks) for name in names)
+    else:
+        from rasterflow.write import submit
+
         done = _done_markers(markers, names) if resumable else {name: set() for name in names}
-        token = dask.base.tokenize(store, fingerprint, *(prepared[n].data.name for n in names))
-        outs = []
-        for name in names:
-            data = prepared[name].data
-            outs.append(da.map_blocks(
-                _write_block, data, dtype=np.int8, chunks=tuple((1,) * len(c) for c in data.chunks),
-                meta=np.empty((0,) * data.ndim, dtype=np.int8), name=f"rasterflow-write-zarr-{name}-{token}",
-                store=store, var=name, markers=markers, zarr_format=zarr_format, encoding=block_encoding,
-            ))
-        pending = sum(len(d) for d in done.values())
-        todo: list = []
-        if pending == 0:
-            todo = outs  # a fresh run: compute whole arrays, with Dask's array optimizations (blockwise fusion)
-        else:
-            # a resumed run: request only the missing blocks' keys; culling drops the finished blocks' upstream.
-            # (No dask.optimize() here: optimizing the outputs together inlines shared inputs into each output.)
-            for name, out in zip(names, outs):
-                blocks = out.to_delayed(optimize_graph=False)
-                for index in np.ndindex(blocks.shape):
-                    if index in done[name]:
-                        skipped += 1
-                    else:
-                        todo.append(blocks[index])
+        token = dask.base.tokenize(store, fingerprint, side, *(prepared[n].data.name for n in names))
+        task, weight, units, todo, skipped = _write_units(
+            prepared, names, done, side, store=store, markers=markers, zarr_format=zarr_format,
+            encoding=block_encoding, token=token)
+        client = submit.default_client(client)
+        build = submit.BlockGraph([prepared[n].data for n in names], task)
         try:
-            if todo:
-                if client is not None:
-                    _compute_on(client, todo, progress)
-                else:
-                    dask.compute(*todo)
+            # a bounded number of regions in flight, each batch's graph built from its regions only
+            written = submit.run_units(units, build, total=todo, client=client, progress=progress, weight=weight)
         except Exception as exc:
             raise RunFailedError(
                 f"writing {path} failed: {type(exc).__name__}: {exc}. Finished blocks are kept in {store}; "
                 f"rerunning the same job resumes from there."
             ) from exc
-        written = total - skipped
 
     try:
         if remote:
