@@ -51,8 +51,14 @@ def sample(size: int):
     return catalog
 
 
-def write_spec(catalog, output: Path, *, name: str = "bench") -> Path:
-    """The rasterflow spec of the job over ``catalog``; every item, the whole tile, written to ``output``."""
+def write_spec(catalog, output: Path, *, name: str = "bench", processes: str | None = None) -> Path:
+    """The rasterflow spec of the job over ``catalog``; every item, the whole tile, written to ``output``.
+
+    ``processes``: the spec's ``cluster.processes`` (``"true"``, ``"false"``, ``"auto"``); None leaves it out (then
+    ``n_workers: 2`` means two worker processes)."""
+    cluster = f"n_workers: 2, threads_per_worker: 1, gdal_cachemax: {GDAL_CACHEMAX}"
+    if processes is not None:
+        cluster += f", processes: {processes}"
     minx, miny, maxx, maxy = catalog.bounds
     w, s, e, n = catalog.bbox_wgs84
     text = f"""\
@@ -76,7 +82,7 @@ bands:
   ndvi: "(nir - red) / (nir + red)"
 reduce: {{over: time, method: median}}
 output: {{path: {output}, overwrite: true}}
-cluster: {{n_workers: 2, threads_per_worker: 1, gdal_cachemax: {GDAL_CACHEMAX}}}
+cluster: {{{cluster}}}
 """
     path = output.with_suffix(".yaml")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,10 @@
 
 Variants, each a fresh process, run interleaved (A B C D E A B C D E ...):
 
-* ``rasterflow``: ``rasterflow run SPEC`` (LocalCluster 2 workers x 1 thread, as the spec says) -> Zarr.
+* ``rasterflow``: ``rasterflow run SPEC`` with ``cluster: {n_workers: 2, threads_per_worker: 1, processes: false}``:
+  the job in the run's own process on 2 threads (no worker processes) -> Zarr.
+* ``rasterflow-procs``: the same spec with ``processes: true``: a LocalCluster of 2 worker processes x 1 thread
+  (what every rasterflow run was before ``cluster.processes``), to show what the worker processes cost.
 * ``stackstac``: ``peers/stackstac_median.py``, the tutorial code (LocalCluster 2 x 1, ``stackstac.stack``,
   ``xr.where``, ``.median("time")``, ``.to_zarr``; one date per chunk).
 * ``odc-stac``: ``peers/odc_median.py``, ``odc.stac.load`` (one date per chunk) and the same xarray code.
@@ -45,8 +48,12 @@ GDAL_SCRIPT = HERE / "peers" / "gdal_median.py"
 DEFAULT_GDAL_PYTHON = DATA / "gdal-venv" / "bin" / "python"
 
 
+RASTERFLOW_VARIANTS = {"rasterflow": "false", "rasterflow-procs": "true"}
+"""rasterflow's variants and their ``cluster.processes``."""
+
+
 def variants(gdal_python: Path | None) -> tuple[str, ...]:
-    return ("rasterflow", *DASK_PEERS, *(("gdal",) if gdal_python else ()))
+    return (*RASTERFLOW_VARIANTS, *DASK_PEERS, *(("gdal",) if gdal_python else ()))
 
 
 def output_of(variant: str, work: Path) -> Path:
@@ -55,8 +62,9 @@ def output_of(variant: str, work: Path) -> Path:
 
 def run_variant(variant: str, catalog, work: Path, gdal_python: Path | None):
     output = output_of(variant, work)
-    if variant == "rasterflow":
-        return run_rasterflow(write_spec(catalog, output), work / "worker-stats"), output
+    if variant in RASTERFLOW_VARIANTS:
+        spec = write_spec(catalog, output, processes=RASTERFLOW_VARIANTS[variant])
+        return run_rasterflow(spec, work / "worker-stats"), output
     if variant == "gdal":
         # GDAL's block cache as in rasterflow's spec, not GDAL's default of 5% of RAM (2026-12-03, 4096², one run
         # each: 64MB 9.9 s / 0.22 GB, 256MB 9.1 s / 0.52 GB; with the default 1.26 GB the peak was 0.95 GB)
@@ -67,17 +75,19 @@ def run_variant(variant: str, catalog, work: Path, gdal_python: Path | None):
     return check(measure(cmd), variant), output
 
 
-def bench_size(size: int, rounds: int, gdal_python: Path | None) -> dict:
+def bench_size(size: int, rounds: int, gdal_python: Path | None, only: list[str] | None = None) -> dict:
     catalog = sample(size)
     work = DATA / "compare" / f"s{size}"
     work.mkdir(parents=True, exist_ok=True)
-    names = variants(gdal_python)
+    names = tuple(v for v in variants(gdal_python) if not only or v in only)
     runs: dict[str, list] = {v: [] for v in names}
+    loads = []
     for r in range(rounds):
         for variant in names:
             m, output = run_variant(variant, catalog, work, gdal_python)
             runs[variant].append(m)
-            print(f"  {size}² round {r + 1} {variant:<14} {m.wall:6.2f} s  {gb(m.peak_rss)}  "
+            loads.append(os.getloadavg()[0])
+            print(f"  {size}² round {r + 1} {variant:<16} {m.wall:6.2f} s  {gb(m.peak_rss)}  load {loads[-1]:.1f}  "
                   f"transfer {m.info.get('transfer_bytes', 0) / 1e6:.1f} MB  "
                   f"tasks/worker {[w['executed'] for w in m.info.get('workers', [])]}", flush=True)
     started = time.perf_counter()
@@ -94,13 +104,14 @@ def bench_size(size: int, rounds: int, gdal_python: Path | None) -> dict:
             "tasks": [w["executed"] for w in ms[-1].info.get("workers", [])],
             "result": compare(read_result(output_of(variant, work)), reference),
         }
+    summary["_load"] = {"min": min(loads), "max": max(loads), "median": statistics.median(loads)}
     return summary
 
 
 def report(results: dict[int, dict]) -> str:
     rows = []
     for size, summary in results.items():
-        for variant, s in summary.items():
+        for variant, s in _variants(summary).items():
             rows.append([f"{size}²", variant, f"{s['wall']:.2f} s", " ".join(f"{w:.1f}" for w in s["walls"]),
                          gb(s["peak_rss"]), f"{s['transfer'] / 1e6:.1f} MB",
                          "/".join(map(str, s["tasks"])) or ("(1 process)" if variant == "gdal" else "n/a"),
@@ -109,20 +120,28 @@ def report(results: dict[int, dict]) -> str:
                           "tasks/worker", "vs NumPy reference"])]
     ratio_rows = []
     for size, summary in results.items():
-        rf = summary["rasterflow"]
-        peers = {k: v for k, v in summary.items() if k != "rasterflow"}
-        for peer, p in peers.items():
-            ratio_rows.append([f"{size}²", f"rasterflow / {peer}", f"{rf['wall'] / p['wall']:.2f}",
-                               f"{rf['peak_rss'] / p['peak_rss']:.2f}"])
+        peers = {k: v for k, v in _variants(summary).items() if k not in RASTERFLOW_VARIANTS}
         fastest = min(peers, key=lambda k: peers[k]["wall"])
         leanest = min(peers, key=lambda k: peers[k]["peak_rss"])
-        ratio_rows.append([f"{size}²", f"vs fastest ({fastest}) / leanest ({leanest})",
-                           f"{rf['wall'] / peers[fastest]['wall']:.2f}",
-                           f"{rf['peak_rss'] / peers[leanest]['peak_rss']:.2f}"])
+        for name in RASTERFLOW_VARIANTS:
+            rf = summary[name]
+            for peer, p in peers.items():
+                ratio_rows.append([f"{size}²", f"{name} / {peer}", f"{rf['wall'] / p['wall']:.2f}",
+                                   f"{rf['peak_rss'] / p['peak_rss']:.2f}"])
+            ratio_rows.append([f"{size}²", f"{name} vs fastest ({fastest}) / leanest ({leanest})",
+                               f"{rf['wall'] / peers[fastest]['wall']:.2f}",
+                               f"{rf['peak_rss'] / peers[leanest]['peak_rss']:.2f}"])
     lines += ["", table(ratio_rows, ["job", "ratio", "wall", "peak RSS"]),
               "targets (issue 13, at 4096²): wall <= 0.5x the fastest peer, peak RSS <= the leanest peer's, "
               "results identical"]
+    lines += [f"load average (1 min) after each run at {size}²: median {s['median']:.1f}, "
+              f"{s['min']:.1f}-{s['max']:.1f}" for size, s in ((size, summary["_load"])
+                                                            for size, summary in results.items())]
     return "\n".join(lines)
+
+
+def _variants(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if not k.startswith("_")}
 
 
 def find_gdal_python(given: str | None) -> Path | None:
@@ -140,15 +159,19 @@ def main() -> None:
     parser.add_argument("--gdal-python", help="the Python of a venv with gdal-wheel (default: $GDAL_PYTHON, "
                                               "then benchmarks/.data/gdal-venv/bin/python)")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--variants", nargs="+", choices=variants(Path("gdal")),
+                        help="run only these variants (default: all; both rasterflow variants are always run)")
     args = parser.parse_args()
+    only = sorted({*args.variants, *RASTERFLOW_VARIANTS}) if args.variants else None
     gdal_python = find_gdal_python(args.gdal_python)
     started = time.perf_counter()
     results = {}
     for size in args.sizes:
-        results[size] = bench_size(size, args.rounds, gdal_python)
+        results[size] = bench_size(size, args.rounds, gdal_python, only)
     print()
-    print(f"masked NDVI median over {8} dates, 2 workers x 1 thread (GDAL: one process), {args.rounds} round(s) "
-          f"interleaved ({time.perf_counter() - started:.0f} s in all)")
+    print(f"masked NDVI median over {8} dates, 2 threads (rasterflow: one process; rasterflow-procs and the Dask "
+          f"peers: 2 workers x 1 thread; GDAL: one process), {args.rounds} round(s) interleaved "
+          f"({time.perf_counter() - started:.0f} s in all, {os.cpu_count()} cores)")
     print(report(results))
     if args.json:
         args.json.write_text(json.dumps({str(k): v for k, v in results.items()}, indent=2))

@@ -4,8 +4,10 @@ Three jobs, each small:
 
 - :func:`open_cluster` starts a ``LocalCluster`` with exactly the :class:`~rasterflow.sizing.WorkerLayout` the budget
   check used (sizing lives in :mod:`rasterflow.sizing`, not here), with ``GDAL_CACHEMAX`` set in every worker process
-  before GDAL starts and the worker memory thresholds in the workers' Dask config; or connects to
-  ``cluster.address`` / ``DASK_SCHEDULER_ADDRESS`` and leaves that cluster running. :func:`remote_layout` reads an
+  before GDAL starts and the worker memory thresholds in the workers' Dask config; or, for a one-process layout
+  (``cluster.processes: false``, or ``auto`` when the job fits), one in-process worker whose threads run the tasks
+  in this process; or connects to ``cluster.address`` / ``DASK_SCHEDULER_ADDRESS`` and leaves that cluster running.
+  :func:`local_run_layout` / :func:`process_fallback` choose the local layout; :func:`remote_layout` reads an
   existing cluster's real layout for the budget check.
 - :class:`ProgressReporter` / :func:`progress`: a rich bar on a terminal, plain lines for cron.
 - :class:`MemorySampler`: per-worker RSS, managed and spilled bytes over time, and stage marks, for the run report.
@@ -36,6 +38,8 @@ __all__ = [
     "ClusterHandle",
     "resolve_address",
     "remote_layout",
+    "local_run_layout",
+    "process_fallback",
     "open_cluster",
     "gdal_cachemax_env_value",
     "worker_dask_config",
@@ -44,6 +48,7 @@ __all__ = [
     "MemorySampler",
     "CountingProgress",
     "CLIENT",
+    "IN_PROCESS",
     "ADDRESS_ENV",
 ]
 
@@ -54,6 +59,10 @@ ADDRESS_ENV = "DASK_SCHEDULER_ADDRESS"
 
 CLIENT = "client"
 """The ``worker`` value of :class:`MemorySampler` samples taken in the client (driver) process."""
+
+IN_PROCESS = "process"
+"""The ``worker`` value of :class:`MemorySampler` samples of a worker that runs in this process (a one-process run):
+the whole process's memory, client and scheduler included, so no separate client sample is taken."""
 
 _GDAL_MB_THRESHOLD = 100_000
 """GDAL reads a bare GDAL_CACHEMAX number below 100000 as megabytes (MiB) and one at or above it as bytes."""
@@ -83,6 +92,9 @@ class ClusterSettings:
     memory_terminate: float = 0.95
     connect_timeout: float = 10.0
     """Seconds to wait for an existing scheduler to answer."""
+    processes: bool | str = True
+    """``cluster.processes``: True (worker processes), False (one process) or ``"auto"``; see
+    :func:`local_run_layout`."""
 
     @classmethod
     def from_spec(cls, cluster: Any) -> ClusterSettings:
@@ -102,6 +114,7 @@ class ClusterSettings:
             threads_per_worker=int(cluster.threads_per_worker),
             memory_limit=cluster.memory_limit,
             gdal_cachemax=parse_bytes(cluster.gdal_cachemax),
+            processes=getattr(cluster, "processes", True),
             **thresholds,
         )
 
@@ -129,6 +142,7 @@ class ClusterHandle:
             "memory_limit": self.layout.memory_limit,
             "dashboard_link": self.dashboard_link,
             "is_local": self.is_local,
+            "processes": self.layout.processes,
         }
 
 
@@ -137,6 +151,28 @@ def resolve_address(settings: ClusterSettings) -> str | None:
     if settings.address:
         return settings.address
     return os.environ.get(ADDRESS_ENV) or None
+
+
+def local_run_layout(settings: ClusterSettings, machine: Any = None) -> WorkerLayout:
+    """The layout of a run on this machine: worker processes or one process, as ``settings.processes`` says
+    (:func:`rasterflow.sizing.size_local_run`; ``machine`` default: this one)."""
+    from rasterflow.sizing import local_machine, size_local_run
+
+    return size_local_run(machine or local_machine(), n_workers=settings.n_workers,
+                          threads_per_worker=settings.threads_per_worker, memory_limit=settings.memory_limit,
+                          processes=settings.processes)
+
+
+def process_fallback(settings: ClusterSettings, layout: WorkerLayout, machine: Any = None) -> WorkerLayout | None:
+    """``processes: auto`` chose one process (``layout``) and the job's budget refused it: the worker processes'
+    layout to plan again with; None when there is nothing to fall back to (the layout was asked for, or is not a
+    one-process one)."""
+    if settings.processes != "auto" or layout.processes or resolve_address(settings):
+        return None
+    from rasterflow.sizing import local_machine, size_local_cluster
+
+    return size_local_cluster(machine or local_machine(), n_workers=settings.n_workers,
+                              threads_per_worker=settings.threads_per_worker, memory_limit=settings.memory_limit)
 
 
 def _unreachable(address: str, timeout: float, exc: BaseException) -> ClusterError:
@@ -318,6 +354,58 @@ def _start_local(settings: ClusterSettings, layout: WorkerLayout) -> tuple[Any, 
     return cluster, client
 
 
+def _start_in_process(settings: ClusterSettings, layout: WorkerLayout) -> tuple[Any, Any, int | None]:
+    """One worker in this process (``LocalCluster(processes=False)``): its threads run the tasks, beside the client
+    and the scheduler; no worker process, no second interpreter, no per-worker imports. Returns the cluster, the
+    client and GDAL's previous block cache size (put back by :func:`open_cluster`).
+
+    What a worker process gets at spawn is set here in this process instead: GDAL's block cache (``GDAL_CACHEMAX``
+    through ``GDALSetCacheMax64``, which takes effect even when GDAL has started), the per-process GDAL settings
+    (unless set; the read policy plugin does the same) and the memory thresholds in the worker's Dask config (the
+    worker's memory monitor measures this process, so ``memory_limit`` is the process's limit; there is no nanny,
+    so the ``terminate`` threshold does not apply). No dashboard is started. The worker preload ``rasterflow.workerinit`` is *not* run: this
+    process's signals and output are the run's own (the user's configured preloads still are).
+    """
+    import dask
+    import rasterio.env
+    from distributed import Client, LocalCluster
+
+    from rasterflow.gdalenv import process_env
+
+    _check_lz4()
+    for key, value in process_env().items():
+        os.environ.setdefault(key, value)
+    previous_cache = int(rasterio.env.get_gdal_config("GDAL_CACHEMAX"))
+    rasterio.env.set_gdal_config("GDAL_CACHEMAX", int(settings.gdal_cachemax))
+    cluster = None
+    try:
+        # No statistical profiler: every 10 ms it calls sys._current_frames() on the worker's event loop, which
+        # here shares the GIL with the task threads, and on CPython 3.11 a garbage collection inside that call
+        # that frees a threading.local deadlocks the process (seen: a 2048² run hung with every thread waiting).
+        with dask.config.set({**worker_dask_config(settings), "distributed.worker.profile.enabled": False}):
+            cluster = LocalCluster(
+                n_workers=1,
+                threads_per_worker=layout.threads_per_worker,
+                memory_limit=layout.memory_limit,
+                processes=False,
+                # no dashboard: bokeh's import and server cost ~20 MB and 0.5-3 s of start-up (measured 2026-12-03),
+                # a large share of a small job; processes: true keeps it
+                dashboard_address=None,
+                silence_logs=logging.WARNING,
+                preload=_configured_preloads(),
+            )
+        client = Client(cluster)
+    except Exception as exc:
+        if cluster is not None:
+            cluster.close()
+        rasterio.env.set_gdal_config("GDAL_CACHEMAX", previous_cache)
+        raise ClusterError(
+            f"could not start a worker of {layout.threads_per_worker} thread(s) with "
+            f"{format_bytes(layout.memory_limit)} in this process: {type(exc).__name__}: {exc}"
+        ) from exc
+    return cluster, client, previous_cache
+
+
 def _check_worker_versions(client: Any, address: str) -> None:
     """Every worker of an existing cluster must import this rasterflow: its tasks call rasterflow's own functions,
     and another version could compute another result."""
@@ -365,7 +453,9 @@ def open_cluster(settings: ClusterSettings, layout: WorkerLayout) -> Iterator[Cl
     they get the spec's GDAL block cache size through a worker plugin (removed on exit, the previous size restored),
     which also reaches workers that join or restart while the client is open. Otherwise a LocalCluster of processes is started with
     ``layout``'s numbers, ``GDAL_CACHEMAX`` in each worker's environment and the memory thresholds in each worker's
-    Dask config; it is shut down on exit, also when the body raises.
+    Dask config; it is shut down on exit, also when the body raises. A one-process layout (``layout.processes``
+    False) gets one worker inside this process instead (:func:`_start_in_process`), GDAL's block cache size put
+    back on exit.
 
     Raises
     ------
@@ -395,6 +485,26 @@ def open_cluster(settings: ClusterSettings, layout: WorkerLayout) -> Iterator[Cl
                 log.debug("could not unregister %s: %s", plugin, exc)
             finally:
                 client.close()
+        return
+
+    if not layout.processes:
+        cluster, client, previous_cache = _start_in_process(settings, layout)
+        try:
+            yield ClusterHandle(
+                client=client,
+                layout=layout,
+                dashboard_link=_dashboard_link(client),
+                address=cluster.scheduler_address,
+                is_local=True,
+            )
+        finally:
+            try:
+                client.close()
+            finally:
+                cluster.close()
+                import rasterio.env
+
+                rasterio.env.set_gdal_config("GDAL_CACHEMAX", previous_cache)
         return
 
     cluster, client = _start_local(settings, layout)
@@ -636,6 +746,7 @@ def _make_worker_probe(track_peaks: bool) -> Callable[..., dict]:
     """
 
     def probe(dask_worker: Any) -> dict:
+        import os
         import re
 
         import psutil
@@ -667,6 +778,7 @@ def _make_worker_probe(track_peaks: bool) -> Callable[..., dict]:
             "managed": int(dask_worker.state.nbytes),
             "spilled": int(spilled),
             "spill_written": written,
+            "pid": os.getpid(),
         }
 
     return probe
@@ -681,7 +793,10 @@ class MemorySampler:
     on Linux each sample also carries the interval's RSS high-water mark (``VmHWM``, reset after each read), so a
     peak that comes and goes between two samples is still seen.
 
-    Each sample is a dict: ``t`` (seconds since start), ``worker`` (address, or ``"client"``), ``rss`` (process
+    A worker that runs in this process (a one-process run) is sampled as :data:`IN_PROCESS`, the whole process,
+    and then no separate client sample is taken: it would be the same process counted twice.
+
+    Each sample is a dict: ``t`` (seconds since start), ``worker`` (address, ``"process"`` or ``"client"``), ``rss`` (process
     RSS now), ``rss_peak`` (highest RSS since the previous sample), ``managed`` (bytes Dask tracks), ``spilled``
     (sizeof of the data currently spilled to disk), ``spill_written`` (bytes ever written to disk by spilling).
     """
@@ -718,12 +833,16 @@ class MemorySampler:
         results = self.client.run(self._probe, on_error="return")
         t = round((before + self._now()) / 2, 4)
         rows = []
+        in_process = False
         for worker, result in sorted(results.items()):
             if isinstance(result, BaseException):
                 self.errors += 1
                 continue
+            pid = result.pop("pid", None)
+            if pid == os.getpid():  # a worker in this process: the sample is the whole process's
+                worker, in_process = IN_PROCESS, True
             rows.append({"t": t, "worker": worker, **result})
-        if self.sample_client:
+        if self.sample_client and not in_process:
             rss = psutil.Process().memory_info().rss
             rows.append(
                 {"t": t, "worker": CLIENT, "rss": rss, "rss_peak": rss, "managed": 0, "spilled": 0, "spill_written": 0}

@@ -20,7 +20,7 @@ from rasterflow.errors import OutputExistsError, OutputNotOursError, SpecError, 
 
 __all__ = [
     "POLICIES", "Existing", "render_output_path", "window_of", "inspect_existing", "decide",
-    "leftover_temp_files", "report_may_replace",
+    "leftover_temp_files", "report_may_replace", "foreign_reason",
 ]
 
 POLICIES = ("error", "skip", "overwrite", "update")
@@ -140,20 +140,14 @@ def _same_file(a: str, b: str) -> bool:
 
 def inspect_existing(output_path: str, fmt: str, expected: Sequence[str], input_hrefs: Iterable[str] = ()) -> Existing:
     """Look at the output path(s) without touching them."""
-    from rasterflow.write.common import exists, is_remote, read_zarr_state
+    from rasterflow.write.common import exists, read_zarr_state
 
     existing = tuple(p for p in expected if exists(p))
     if not existing:
         return Existing((), True, None, False)
-    local_inputs = [h[len("file://"):] if h.startswith("file://") else h for h in input_hrefs if not is_remote(h)]
-    for path in existing:
-        if not is_remote(path):
-            if os.path.islink(path):
-                return Existing(existing, False, None, False, f"{path} is a symlink; rasterflow never writes "
-                                                              f"through one (point output.path at the real place)")
-            for href in local_inputs:
-                if os.path.exists(href) and _same_file(path, href):
-                    return Existing(existing, False, None, False, f"{path} is an input of this job (an item's asset)")
+    reason = foreign_reason(existing, input_hrefs)
+    if reason:
+        return Existing(existing, False, None, False, reason)
     if fmt == "zarr":
         state = read_zarr_state(output_path)
         if state is None or state.fingerprint is None:
@@ -173,6 +167,22 @@ def inspect_existing(output_path: str, fmt: str, expected: Sequence[str], input_
     complete = set(expected) <= set(listed) and all(
         exists(p) and (listed[p] is None or path_size(p) == listed[p]) for p in expected)
     return Existing(existing, True, str(fingerprint), complete)
+
+
+def foreign_reason(existing: Sequence[str], input_hrefs: Iterable[str] = ()) -> str:
+    """Why rasterflow must not replace one of the ``existing`` paths whatever records say (a symlink, an input of
+    the job); empty when there is no such reason."""
+    from rasterflow.write.common import is_remote
+
+    local_inputs = [h[len("file://"):] if h.startswith("file://") else h for h in input_hrefs if not is_remote(h)]
+    for path in existing:
+        if not is_remote(path):
+            if os.path.islink(path):
+                return f"{path} is a symlink; rasterflow never writes through one (point output.path at the real place)"
+            for href in local_inputs:
+                if os.path.exists(href) and _same_file(path, href):
+                    return f"{path} is an input of this job (an item's asset)"
+    return ""
 
 
 def decide(policy: str, existing: Existing, fingerprint: str, output_path: str) -> str:

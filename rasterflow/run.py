@@ -158,13 +158,23 @@ def search(loaded: Any, now: dt.datetime | None = None) -> list[dict]:
 
 
 def resolve_layout(spec: Any):
-    """The workers the job will run on: the real ones of a scheduler address, or the LocalCluster sizing."""
-    from rasterflow.cluster import ClusterSettings, remote_layout, resolve_address
+    """The workers the job will run on: the real ones of a scheduler address, or the local sizing (worker
+    processes or one process: ``cluster.processes``)."""
+    from rasterflow.cluster import ClusterSettings, local_run_layout, remote_layout, resolve_address
 
-    address = resolve_address(ClusterSettings.from_spec(spec.cluster))
+    settings = ClusterSettings.from_spec(spec.cluster)
+    address = resolve_address(settings)
     if address:
         return remote_layout(address)
-    return local_layout(spec)
+    return local_run_layout(settings)
+
+
+def _processes_if_refused(loaded: Any, items: list[dict], layout: Any, plan: JobPlan) -> tuple[Any, JobPlan]:
+    """``cluster.processes: auto`` planned one process and the budget refused it: plan worker processes."""
+    from rasterflow.cluster import ClusterSettings, process_fallback
+
+    fallback = None if plan.report.ok else process_fallback(ClusterSettings.from_spec(loaded.spec.cluster), layout)
+    return (layout, plan) if fallback is None else (fallback, plan_with_items(loaded, items, fallback))
 
 
 def fingerprint(loaded: Any, plan: JobPlan, period_items: Any = None) -> str:
@@ -200,6 +210,7 @@ def plan_command(loaded: Any, *, now: dt.datetime | None = None) -> PlanResult:
     items = search(loaded, now)
     layout = resolve_layout(loaded.spec)
     plan = plan_with_items(loaded, items, layout)
+    layout, plan = _processes_if_refused(loaded, items, layout, plan)
     code = ExitCode.OK if plan.report.ok else ExitCode.OVER_BUDGET
     return PlanResult(loaded=loaded, plan=plan, payload=plan_payload(loaded, plan), exit_code=int(code))
 
@@ -279,6 +290,8 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
     lost_lock = committed = False
     result = None
     counts = [0, 0]  # blocks done, total: what an interrupted run leaves
+    tiles: Any = None  # output.tiling: the tiles (rasterflow.tiling.TileLayout)
+    job_id = ""
     left = ""
     own_report: Path | None = Path(report_path) if report_path else None
     try:
@@ -308,6 +321,7 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
         report.item_ids = [item["id"] for item in items]
         with timer_for(report)("plan"):
             plan = plan_with_items(loaded, items, layout)
+            layout, plan = _processes_if_refused(loaded, items, layout, plan)
         _record_plan(report, plan)
         for warning in plan.report.warnings:
             emit("warning", {"message": str(warning)})
@@ -317,8 +331,15 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
         job_id = fingerprint(loaded, plan)
         report_fingerprint(report, job_id)
         # Now that the items are known, so are all the files a COG run writes (one per period / quantile).
-        expected = write.cog_output_paths(output_path, _leading_coords(plan)) if fmt == "cog" else [output_path]
-        existing = inspect_existing(output_path, fmt, expected, _input_hrefs(items))
+        tiles = _tile_layout(spec, output_path, fmt, plan)
+        if tiles is not None:  # output.tiling: every tile's files, ours and finished by their markers
+            from rasterflow.tiling import inspect_tiles
+
+            expected = tiles.files()
+            existing = inspect_tiles(tiles, _input_hrefs(items))
+        else:
+            expected = write.cog_output_paths(output_path, _leading_coords(plan)) if fmt == "cog" else [output_path]
+            existing = inspect_existing(output_path, fmt, expected, _input_hrefs(items))
         action = decide(policy, existing, job_id, output_path)
         if action == "up_to_date":
             status, code = "up_to_date", int(ExitCode.OK)
@@ -328,7 +349,8 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
             status, code = "would_run", int(ExitCode.OK)
             report.outputs = [{"path": p, "bytes": None} for p in expected]
         else:
-            files = _file_fingerprints(loaded, plan, output_path) if fmt == "cog" and plan.period_labels else {}
+            files = (_file_fingerprints(loaded, plan, output_path)
+                     if fmt == "cog" and plan.period_labels and tiles is None else {})
             kept: list[dict] = []
             run_plan = plan
             if policy == "update" and not existing.empty and existing.ours and files:
@@ -341,7 +363,9 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
                               # replace only what was ours when decided; whatever appears meanwhile stays
                               replace=policy != "error" and not existing.empty, emit=emit,
                               progress_stream=progress_stream,
-                              interrupts=interrupts, counts=counts, log_path=_worker_log_path(own_report))
+                              interrupts=interrupts, counts=counts, log_path=_worker_log_path(own_report),
+                              # a tile done by this job is kept, unless asked to redo a complete output
+                              tiles=tiles, redo_all=policy == "overwrite" and existing.complete)
             committed = True
             interrupts.defer()  # the output is in place: nothing may turn this into a failure now
             report.outputs = kept + [{"path": p, "bytes": write.path_size(p), **files.get(p, {})}
@@ -353,7 +377,12 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
         signum = interrupts.received or 2
         error = err if isinstance(err, RunInterrupted) else RunInterrupted(signum)
         code, status = 128 + signum, "interrupted"
-        left = _what_is_left(fmt, output_path, counts)
+        if tiles is not None and job_id:
+            from rasterflow.tiling import what_is_left
+
+            left = what_is_left(tiles, job_id)
+        else:
+            left = _what_is_left(fmt, output_path, counts)
         report.error = f"interrupted by {error.signal_name}" + (f"; {left}" if left else "")
     except RasterflowError as err:
         error, code = err, int(err.exit_code)
@@ -551,9 +580,18 @@ def _record_plan(report: Any, plan: JobPlan) -> None:
     report.memory_limit = plan.layout.memory_limit
 
 
+def _tile_layout(spec: Any, output_path: str, fmt: str, plan: JobPlan) -> Any:
+    """The tiles of ``output.tiling`` (None without it)."""
+    if spec.output.tiling is None:
+        return None
+    from rasterflow.tiling import plan_tiles
+
+    return plan_tiles(output_path, fmt, spec.output.tiling.size, plan, _leading_coords(plan))
+
+
 def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str, report: Any, timer: Any, *,
              replace: bool, emit: Emit, progress_stream: TextIO | None, interrupts: Interrupts, counts: list[int],
-             log_path: str | None):
+             log_path: str | None, tiles: Any = None, redo_all: bool = False):
     from rasterflow import graph, write
     from rasterflow.cluster import ClusterSettings, CountingProgress, MemorySampler, open_cluster
     from rasterflow.logs import worker_log_env
@@ -568,7 +606,8 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
         if total and done >= total:
             interrupts.defer()  # every block is computed: the writer now commits; a signal waits for it
 
-    start_resource_tracker_deaf_to_hangups()
+    if plan.layout.processes:  # one process (cluster.processes) spawns no worker: no tracker to start either
+        start_resource_tracker_deaf_to_hangups()
     with ExitStack() as stack:
         with timer("cluster start"), worker_log_env(log_path):
             handle = stack.enter_context(open_cluster(ClusterSettings.from_spec(spec.cluster), plan.layout))
@@ -591,7 +630,10 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
                                         interactive=None if progress_stream is not None else False)
             with timer("compute+write"), progress:
                 description, encoding, options = _output_options(loaded, plan, fmt, output_path)
-                if fmt == "zarr":
+                if tiles is not None:
+                    result = _write_tiles(loaded, plan, dataset, tiles, fmt, job_id, description, encoding, options,
+                                          client=handle.client, progress=on_progress, redo_all=redo_all)
+                elif fmt == "zarr":
                     result = write.write_zarr(dataset, output_path, overwrite=replace,
                                               compression=spec.output.compression, fingerprint=job_id,
                                               client=handle.client, progress=on_progress, **options)
@@ -605,11 +647,49 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
         from rasterflow.report import library_versions
         from rasterflow.write.stac import write_stac
 
-        write_stac(result, plan, description, output_path=output_path, encoding=encoding,
-                   software=library_versions(), catalog=loaded.resolve(spec.source.stac.catalog))
+        if tiles is not None:  # the tiles' Items are written with each tile; here the Collection and the VRT
+            from dataclasses import replace as _replaced
+
+            from rasterflow.tiling import finish_tiles
+            from rasterflow.write.stac import StacContext
+
+            vrts = finish_tiles(tiles, result, StacContext(plan, description, output_path, encoding,
+                                                           library_versions(), loaded.resolve(spec.source.stac.catalog)),
+                                band_names=list(plan.program.band_names) if plan.program else [],
+                                blocksize=spec.output.cog.blocksize)
+            result = _replaced(result, paths=result.paths + vrts)
+        else:
+            write_stac(result, plan, description, output_path=output_path, encoding=encoding,
+                       software=library_versions(), catalog=loaded.resolve(spec.source.stac.catalog))
     if result.blocks_skipped:
         emit("resumed", {"skipped": result.blocks_skipped, "written": result.blocks_written})
     return result
+
+
+def _write_tiles(loaded: Any, plan: JobPlan, dataset: Any, tiles: Any, fmt: str, job_id: str, description: Any,
+                 encoding: Any, options: dict, *, client: Any, progress: Any, redo_all: bool) -> Any:
+    """``output.tiling``: the tiles not finished by this job, each with the format's writer (rasterflow.tiling)."""
+    from rasterflow import write
+    from rasterflow.report import library_versions
+    from rasterflow.tiling import tiles_to_write, write_tiles
+    from rasterflow.write.stac import StacContext
+
+    spec = loaded.spec
+    options = {k: v for k, v in options.items() if k != "file_metadata"}  # per tile: its own files' tags
+
+    def write_one(ds: Any, path: str, *, overwrite: bool, progress: Any, file_metadata: Any) -> Any:
+        if fmt == "zarr":
+            return write.write_zarr(ds, path, overwrite=overwrite, compression=spec.output.compression,
+                                    fingerprint=job_id, client=client, progress=progress, **options)
+        return write.write_cog(ds, path, overwrite=overwrite, compression=spec.output.compression,
+                               gdal_cachemax=parse_bytes(spec.cluster.gdal_cachemax), client=client,
+                               progress=progress, file_metadata=file_metadata, **options)
+
+    todo, kept = tiles_to_write(tiles, job_id, redo_all=redo_all)
+    stac = StacContext(plan, description, tiles.output_path, encoding, library_versions(),
+                       loaded.resolve(spec.source.stac.catalog))
+    return write_tiles(dataset, tiles, todo, kept, fingerprint=job_id, write_one=write_one, stac=stac,
+                       progress=progress)
 
 
 def _output_options(loaded: Any, plan: JobPlan, fmt: str, output_path: str) -> tuple[Any, Any, dict]:

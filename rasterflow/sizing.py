@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from rasterflow.units import parse_bytes
 
-__all__ = ["MachineInfo", "WorkerLayout", "local_machine", "size_local_cluster", "RESERVE_FRACTION", "MIN_WORKER_BYTES"]
+__all__ = ["MachineInfo", "WorkerLayout", "local_machine", "size_local_cluster", "size_one_process", "size_local_run",
+           "RESERVE_FRACTION", "MIN_WORKER_BYTES"]
 
 RESERVE_FRACTION = 0.20
 """Share of RAM kept for the OS, the page cache (GDAL's remote reads lean on it) and the filesystem."""
@@ -38,6 +39,9 @@ class WorkerLayout:
     memory_limit: int
     source: str
     """Where the numbers came from: "local" (sized here) or the scheduler address."""
+    processes: bool = True
+    """False: no worker processes; the run's own process is the one worker (its threads run the tasks, its memory
+    limit is the process's). True: worker processes (a LocalCluster's, or those of an existing cluster)."""
 
     @property
     def total_threads(self) -> int:
@@ -94,3 +98,36 @@ def size_local_cluster(
         workers = int(n_workers)
     limit = fixed_limit if fixed_limit is not None else usable // workers
     return WorkerLayout(n_workers=workers, threads_per_worker=threads_per_worker, memory_limit=int(limit), source="local")
+
+
+def size_one_process(machine: MachineInfo, *, threads: int, memory_limit: int | str = "auto") -> WorkerLayout:
+    """One process runs the job (``cluster.processes: false``): one worker of ``threads`` threads, in the run's
+    own process, whose limit is ``memory_limit`` (``"auto"``: RAM - reserve; one process holds one interpreter, not
+    one per worker, so nothing is split)."""
+    usable = max(machine.memory_bytes - reserve_bytes(machine.memory_bytes), MIN_WORKER_BYTES)
+    limit = usable if memory_limit == "auto" else parse_bytes(memory_limit)
+    return WorkerLayout(n_workers=1, threads_per_worker=max(1, int(threads)), memory_limit=int(limit), source="local",
+                        processes=False)
+
+
+def size_local_run(
+    machine: MachineInfo,
+    *,
+    n_workers: int | str = "auto",
+    threads_per_worker: int = 1,
+    memory_limit: int | str = "auto",
+    processes: bool | str = "auto",
+) -> WorkerLayout:
+    """The layout a run on this machine starts with, as ``cluster.processes`` says.
+
+    ``True``: worker processes (:func:`size_local_cluster`). ``False``: one process with as many threads as those
+    workers would have in all (``n_workers x threads_per_worker``) and ``memory_limit`` as its own limit
+    (:func:`size_one_process`). ``"auto"``: one process when ``n_workers`` is ``"auto"`` (a number of workers is a
+    request for worker processes); the run falls back to worker processes when the job's budget does not fit one
+    process (:func:`rasterflow.cluster.process_fallback`).
+    """
+    layout = size_local_cluster(machine, n_workers=n_workers, threads_per_worker=threads_per_worker,
+                                memory_limit=memory_limit)
+    if processes is True or (processes == "auto" and n_workers != "auto"):
+        return layout
+    return size_one_process(machine, threads=layout.total_threads, memory_limit=memory_limit)

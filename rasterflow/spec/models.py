@@ -40,6 +40,7 @@ __all__ = [
     "Output",
     "OutputEncoding",
     "CogOptions",
+    "Tiling",
     "Cluster",
     "MemoryThresholds",
     "Budget",
@@ -414,6 +415,15 @@ class CogOptions(_Model):
     )
 
 
+class Tiling(_Model):
+    """Split the output grid into square tiles, each written (and resumed) as an output of its own."""
+
+    size: Annotated[StrictInt, Field(gt=0)] = Field(
+        description="Tile edge in output grid pixels, a multiple of chunks.y and chunks.x (e.g. 8192 with chunks of "
+        "1024); the last row and column of tiles are cut at the grid's edge."
+    )
+
+
 class Output(_Model):
     """Where and how the result is written."""
 
@@ -443,6 +453,22 @@ class Output(_Model):
         default_factory=OutputEncoding, description="Stored dtype, scale, offset and nodata of the bands."
     )
     cog: CogOptions = Field(default_factory=CogOptions, description="COG tile size, overviews and predictor.")
+    tiling: Tiling | None = Field(
+        default=None,
+        description="Write the grid as tiles of size x size pixels instead of one output: out/ndvi.tif becomes "
+        "out/ndvi/<row>_<col>.tif (row 0 at the top, col 0 at the left, zero-padded to 3 digits; per period "
+        "out/ndvi/<row>_<col>_<period>.tif; .zarr likewise, one store per tile), each written and resumed on its "
+        "own; plus a STAC Collection of them and, for COG, a GDAL VRT mosaic out/ndvi.vrt (per period "
+        "out/ndvi_<period>.vrt). Tiles no input file touches are not written (the mosaic shows nodata there). "
+        "null = one output.",
+    )
+
+    @model_validator(mode="after")
+    def _check_tiling(self) -> Output:
+        if self.tiling is not None and self.policy == "update":
+            raise _LocatedError(("if_exists",), "update is not available with tiling (a rerun of the same job "
+                                "already skips finished tiles); use skip or overwrite, or remove tiling")
+        return self
 
     @model_validator(mode="after")
     def _check_output_options(self) -> Output:
@@ -537,6 +563,15 @@ class Cluster(_Model):
     )
     memory: MemoryThresholds = Field(
         default_factory=MemoryThresholds, description="Worker memory thresholds (fractions of the memory limit)."
+    )
+    processes: Literal["auto"] | StrictBool = Field(
+        default="auto",
+        description=(
+            "true = a LocalCluster of n_workers worker processes; false = one process (the run's own) with "
+            "n_workers x threads_per_worker threads and memory_limit as its limit: no worker start-up, one "
+            "interpreter instead of one per worker, no dashboard; auto = one process when n_workers is auto and the job's budget "
+            "fits one process, else worker processes. Ignored when address (or DASK_SCHEDULER_ADDRESS) is set."
+        ),
     )
 
     @field_validator("address")
@@ -646,6 +681,19 @@ class Spec(_Model):
                 f"source.group_by: solar_day mosaics the tiles of each pass inside one task, so time must be whole; "
                 f"set chunks.time: -1 (got {self.chunks.time})",
             )
+        if self.output.tiling is not None:
+            size = self.output.tiling.size
+            for axis in ("y", "x"):
+                chunk = getattr(self.chunks, axis)
+                if chunk == -1:
+                    raise _LocatedError(("output", "tiling", "size"),
+                                        f"tiles need chunks.{axis} to be a number of pixels, not -1 (the whole axis); "
+                                        f"set chunks.{axis} to a divisor of {size}, e.g. {_divisor_near(size, 1024)}")
+                if size % chunk:
+                    raise _LocatedError(("output", "tiling", "size"),
+                                        f"{size} is not a multiple of chunks.{axis} ({chunk}), so tiles would cut "
+                                        f"chunks; use a multiple of {chunk} such as {max(chunk, size - size % chunk)} "
+                                        f"or {size - size % chunk + chunk}, or change chunks.{axis}")
         if self.output.resolved_format == "cog" and self.reduce is None:
             raise _LocatedError(
                 ("output", "format"),
@@ -663,6 +711,13 @@ class _LocatedError(ValueError):
 
     def __reduce__(self):  # pydantic deep-copies ctx; keep it picklable
         return (_LocatedError, (self.loc, str(self)))
+
+
+def _divisor_near(size: int, wanted: int) -> int:
+    """The divisor of ``size`` closest to ``wanted`` (a chunk edge to suggest for a tile size)."""
+    divisors = [d for d in range(1, int(math.isqrt(size)) + 1) if size % d == 0]
+    divisors += [size // d for d in divisors]
+    return min(divisors, key=lambda d: (abs(d - wanted), d))
 
 
 def _check_identifier(name: str, what: str) -> None:

@@ -16,6 +16,11 @@ named like the run report (``<output>.report.json``), so a Zarr and a COG of one
 ``<output>.stac-items.json``
     All Items as a GeoJSON FeatureCollection: a local catalog another rasterflow spec can search directly.
 
+A tiled output (``output.tiling``, :mod:`rasterflow.tiling`) has one Item per tile file, written right after that
+tile (:func:`write_tile_items`: the tile's footprint, ``proj:shape``/``proj:transform`` of the tile,
+``rasterflow:tile_row``/``rasterflow:tile_col``), and one Collection of all of them written once every tile is
+(:func:`write_tile_collection`), with the items file last as for one output.
+
 Each document is written atomically (temporary file, then rename) and only after the data, the items file last,
 so the presence of ``<output>.stac-items.json`` means the whole run is complete. Hrefs are absolute (local paths or
 the output URL), so the items work from wherever they are read.
@@ -44,6 +49,11 @@ __all__ = [
     "stac_paths",
     "item_path",
     "write_stac",
+    "write_text",
+    "TileGeometry",
+    "StacContext",
+    "write_tile_items",
+    "write_tile_collection",
 ]
 
 STAC_VERSION = "1.1.0"
@@ -233,7 +243,7 @@ def _absolute(path: str) -> str:
     return str(path) if is_remote(path) else os.path.abspath(str(path))
 
 
-def _write_text(path: str, text: str) -> None:
+def write_text(path: str, text: str) -> None:
     """Atomically: a temporary file beside ``path`` (mode 0666 minus the umask, like any new file), then rename."""
     if is_remote(path):
         import fsspec.core
@@ -441,90 +451,135 @@ def write_stac(
     catalog : str, optional
         The input catalog (file or API root), for ``derived_from`` links of items without a self link.
     """
-    import numpy as np
-
+    context = StacContext(plan=plan, description=description, output_path=output_path, encoding=encoding,
+                          software=software, catalog=catalog)
     fmt = result.format
-    grid = plan.grid
-    names = list(plan.program.band_names) if plan.program is not None else []
-    geometry, bbox = _footprint(grid.crs, grid.bounds)
-    collection_path, items_path = stac_paths(output_path)
-    now = _rfc3339(dt.datetime.now(dt.timezone.utc))
     if fmt == "cog":
         entries = [(labels, path) for _pos, labels, path in cog_entries(output_path, leading_coords(plan))]
     else:
         entries = [({}, str(result.paths[0]))]
-    derived = [_input_link(item, catalog) for item in plan.items]
+    grid = plan.grid
+    whole = TileGeometry(bounds=tuple(grid.bounds), shape=(int(grid.shape[0]), int(grid.shape[1])),
+                         transform=tuple(grid.transform))
     items: list[dict] = []
     item_files: list[str] = []
     for labels, path in entries:
-        stats = _cog_statistics(path) if fmt == "cog" else _zarr_statistics(path, names)
-        bands = []
-        for name, stat in zip(names, stats):
-            band: dict[str, Any] = {"name": name, "nodata": _nodata_value(encoding.nodata),
-                                    "data_type": np.dtype(encoding.dtype).name, "statistics": stat}
-            if encoding.is_scaled:
-                band["scale"] = encoding.scale
-                band["offset"] = encoding.offset
-            bands.append(band)
-        from rasterflow.write.common import path_size
-
-        asset: dict[str, Any] = {
-            "href": _absolute(path), "type": COG_MEDIA_TYPE if fmt == "cog" else ZARR_MEDIA_TYPE,
-            "title": ", ".join(names), "roles": ["data"], "raster:bands": bands, "file:size": path_size(path),
-        }
-        if fmt == "cog":  # an uploaded COG's checksum was taken (and checked against the object) by the writer
-            asset["file:checksum"] = result.checksums.get(path) or file_checksum(path)
-        info = description.range_of(labels)
-        properties: dict[str, Any] = {
-            # the period's start: readers that need one instant (rasterflow's own planner among them) get one
-            "datetime": _rfc3339(info.start),
-            "start_datetime": _rfc3339(info.start),
-            "end_datetime": _rfc3339(info.end),
-            "created": now,
-            "proj:code": grid.crs,
-            "proj:shape": [int(grid.shape[0]), int(grid.shape[1])],
-            "proj:transform": [float(v) for v in grid.transform],
-            "proj:bbox": [float(v) for v in grid.bounds],
-            "processing:software": {"rasterflow": description.version,
-                                    **{k: v for k, v in software.items() if v and k != "rasterflow"}},
-            "processing:datetime": now,
-            "processing:lineage": _lineage(description, labels, info),
-            "processing:expression": {"format": "rasterflow", "expression": dict(description.expressions)},
-            "rasterflow:method": description.method or "none",
-            "rasterflow:item_count": info.n_items,
-        }
-        if labels.get("period") is not None:
-            properties["rasterflow:period"] = str(labels["period"])
-        if labels.get("quantile") is not None:
-            properties["rasterflow:quantile"] = float(labels["quantile"])
-        elif len(description.quantiles) == 1:
-            properties["rasterflow:quantile"] = float(description.quantiles[0])
+        item = _output_item(context, fmt, path, labels, whole, result.checksums)
         item_file = item_path(path)
-        item_id = os.path.basename(str(path).rstrip("/"))  # with its extension: a Zarr and a COG of one job differ
-        item = {
-            "type": "Feature",
-            "stac_version": STAC_VERSION,
-            "stac_extensions": list(STAC_EXTENSIONS.values()),
-            "id": item_id,
-            "collection": description.name,
-            "geometry": geometry,
-            "bbox": bbox,
-            "properties": properties,
-            "links": [
-                {"rel": "self", "href": _absolute(item_file), "type": "application/geo+json"},
-                {"rel": "collection", "href": _absolute(collection_path), "type": "application/json"},
-                {"rel": "parent", "href": _absolute(collection_path), "type": "application/json"},
-                {"rel": "root", "href": _absolute(collection_path), "type": "application/json"},
-                *derived,
-            ],
-            "assets": {"data": asset},
-        }
-        _write_text(item_file, json.dumps(item, indent=2, allow_nan=False) + "\n")
+        write_text(item_file, json.dumps(item, indent=2, allow_nan=False) + "\n")
         items.append(item)
         item_files.append(item_file)
+    bbox = items[0]["bbox"] if items else _footprint(grid.crs, grid.bounds)[1]
+    return _write_collection(context, items, item_files, bbox)
 
+
+@dataclasses.dataclass(frozen=True)
+class TileGeometry:
+    """Where one output file lies: its bounds in the grid's CRS, its shape and its affine transform."""
+
+    bounds: tuple[float, ...]
+    shape: tuple[int, int]
+    transform: tuple[float, ...]
+    tile: tuple[int, int] | None = None
+    """``(row, col)`` of a tile of a tiled output (``rasterflow:tile_row`` / ``rasterflow:tile_col``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StacContext:
+    """What every Item of one run shares (the arguments of :func:`write_stac`)."""
+
+    plan: Any
+    description: RunDescription
+    output_path: str
+    encoding: Encoding
+    software: Mapping[str, str | None]
+    catalog: str | None = None
+
+
+def _output_item(context: StacContext, fmt: str, path: str, labels: Mapping[str, Any], where: TileGeometry,
+                 checksums: Mapping[str, str]) -> dict[str, Any]:
+    """The STAC Item of one output file (statistics read back from the file)."""
+    import numpy as np
+
+    from rasterflow.write.common import path_size
+
+    plan, description, encoding = context.plan, context.description, context.encoding
+    grid = plan.grid
+    names = list(plan.program.band_names) if plan.program is not None else []
+    geometry, bbox = _footprint(grid.crs, where.bounds)
+    collection_path, _items_path = stac_paths(context.output_path)
+    now = _rfc3339(dt.datetime.now(dt.timezone.utc))
+    stats = _cog_statistics(path) if fmt == "cog" else _zarr_statistics(path, names)
+    bands = []
+    for name, stat in zip(names, stats):
+        band: dict[str, Any] = {"name": name, "nodata": _nodata_value(encoding.nodata),
+                                "data_type": np.dtype(encoding.dtype).name, "statistics": stat}
+        if encoding.is_scaled:
+            band["scale"] = encoding.scale
+            band["offset"] = encoding.offset
+        bands.append(band)
+    asset: dict[str, Any] = {
+        "href": _absolute(path), "type": COG_MEDIA_TYPE if fmt == "cog" else ZARR_MEDIA_TYPE,
+        "title": ", ".join(names), "roles": ["data"], "raster:bands": bands, "file:size": path_size(path),
+    }
+    if fmt == "cog":  # an uploaded COG's checksum was taken (and checked against the object) by the writer
+        asset["file:checksum"] = checksums.get(path) or file_checksum(path)
+    info = description.range_of(labels)
+    properties: dict[str, Any] = {
+        # the period's start: readers that need one instant (rasterflow's own planner among them) get one
+        "datetime": _rfc3339(info.start),
+        "start_datetime": _rfc3339(info.start),
+        "end_datetime": _rfc3339(info.end),
+        "created": now,
+        "proj:code": grid.crs,
+        "proj:shape": [int(where.shape[0]), int(where.shape[1])],
+        "proj:transform": [float(v) for v in where.transform],
+        "proj:bbox": [float(v) for v in where.bounds],
+        "processing:software": {"rasterflow": description.version,
+                                **{k: v for k, v in context.software.items() if v and k != "rasterflow"}},
+        "processing:datetime": now,
+        "processing:lineage": _lineage(description, labels, info),
+        "processing:expression": {"format": "rasterflow", "expression": dict(description.expressions)},
+        "rasterflow:method": description.method or "none",
+        "rasterflow:item_count": info.n_items,
+    }
+    if labels.get("period") is not None:
+        properties["rasterflow:period"] = str(labels["period"])
+    if labels.get("quantile") is not None:
+        properties["rasterflow:quantile"] = float(labels["quantile"])
+    elif len(description.quantiles) == 1:
+        properties["rasterflow:quantile"] = float(description.quantiles[0])
+    if where.tile is not None:
+        properties["rasterflow:tile_row"], properties["rasterflow:tile_col"] = (int(v) for v in where.tile)
+    item_id = os.path.basename(str(path).rstrip("/"))  # with its extension: a Zarr and a COG of one job differ
+    return {
+        "type": "Feature",
+        "stac_version": STAC_VERSION,
+        "stac_extensions": list(STAC_EXTENSIONS.values()),
+        "id": item_id,
+        "collection": description.name,
+        "geometry": geometry,
+        "bbox": bbox,
+        "properties": properties,
+        "links": [
+            {"rel": "self", "href": _absolute(item_path(path)), "type": "application/geo+json"},
+            {"rel": "collection", "href": _absolute(collection_path), "type": "application/json"},
+            {"rel": "parent", "href": _absolute(collection_path), "type": "application/json"},
+            {"rel": "root", "href": _absolute(collection_path), "type": "application/json"},
+            *(_input_link(item, context.catalog) for item in plan.items),
+        ],
+        "assets": {"data": asset},
+    }
+
+
+def _write_collection(context: StacContext, items: Sequence[Mapping[str, Any]], item_files: Sequence[str],
+                      bbox: Sequence[float]) -> StacOutputs:
+    """The run's Collection, then the items file (last: its presence means the run is complete)."""
+    description = context.description
+    collection_path, items_path = stac_paths(context.output_path)
     starts = [item["properties"]["start_datetime"] for item in items]
     ends = [item["properties"]["end_datetime"] for item in items]
+    window = [_rfc3339(description.window.start), _rfc3339(description.window.end)]
     collection = {
         "type": "Collection",
         "stac_version": STAC_VERSION,
@@ -534,18 +589,48 @@ def write_stac(
         "description": f"Outputs of the rasterflow pipeline {description.name!r}: "
                        f"{_lineage(description, {}, description.window)}",
         "license": "other",
-        "extent": {"spatial": {"bbox": [bbox]}, "temporal": {"interval": [[min(starts), max(ends)]]}},
+        "extent": {"spatial": {"bbox": [list(bbox)]},
+                   "temporal": {"interval": [[min(starts), max(ends)] if items else window]}},
         "links": [
             {"rel": "self", "href": _absolute(collection_path), "type": "application/json"},
             {"rel": "root", "href": _absolute(collection_path), "type": "application/json"},
             *({"rel": "item", "href": _absolute(f), "type": "application/geo+json"} for f in item_files),
         ],
     }
-    _write_text(collection_path, json.dumps(collection, indent=2, allow_nan=False) + "\n")
+    write_text(collection_path, json.dumps(collection, indent=2, allow_nan=False) + "\n")
     # last: its presence means every output and every document of the run is complete
-    _write_text(items_path, json.dumps({"type": "FeatureCollection", "features": items}, indent=2,
-                                       allow_nan=False) + "\n")
+    write_text(items_path, json.dumps({"type": "FeatureCollection", "features": list(items)}, indent=2,
+                                      allow_nan=False) + "\n")
     return StacOutputs(items=tuple(item_files), collection=collection_path, items_file=items_path)
+
+
+def write_tile_items(context: StacContext, fmt: str, entries: Sequence[tuple[Mapping[str, Any], str]],
+                     where: TileGeometry, checksums: Mapping[str, str] | None = None) -> list[str]:
+    """Write the Items of one tile's files (``entries``: ``(labels, path)`` per period / quantile), right after the
+    tile is written; returns the Item files. The Collection comes last (:func:`write_tile_collection`)."""
+    files = []
+    for labels, path in entries:
+        item = _output_item(context, fmt, path, labels, where, checksums or {})
+        files.append(item_path(path))
+        write_text(files[-1], json.dumps(item, indent=2, allow_nan=False) + "\n")
+    return files
+
+
+def write_tile_collection(context: StacContext, item_files: Sequence[str]) -> StacOutputs:
+    """The Collection of a tiled output (one ``item`` link per tile x period) and its items file, written once every
+    tile is: Items of tiles kept from an interrupted run are read back from their files."""
+    items = [_read_json(f) for f in item_files]
+    grid = context.plan.grid
+    _geometry, bbox = _footprint(grid.crs, grid.bounds)
+    return _write_collection(context, items, item_files, bbox)
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    with _open_binary(path) as handle:
+        data = json.loads(handle.read().decode("utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a STAC Item (a JSON object)")
+    return data
 
 
 def _lineage(description: RunDescription, labels: Mapping[str, Any], info: PeriodInfo) -> str:

@@ -1,0 +1,254 @@
+"""One-process runs (``cluster.processes: false``, or ``auto`` when the job fits): the job's tasks run on threads of
+the run's own process, no worker process is started. Real runs on the sample COGs, compared with an independent
+NumPy reference and with the same spec on worker processes; real signals on a real process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import xarray as xr
+
+from conftest import spec_text
+from reference import load_items, masked_ndvi, reduce_reference
+
+pytestmark = pytest.mark.slow
+
+RASTERFLOW = [sys.executable, "-m", "rasterflow"]
+MB = 10**6
+
+
+def _spec(sample, tmp_path: Path, name: str, cluster: str, chunks: str = "{time: -1, y: 96, x: 96}") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(spec_text(sample, reduce="{method: median}", output=f"out/{name}.zarr", chunks=chunks,
+                              cluster=cluster))
+    return path
+
+
+def _report(out: Path) -> dict:
+    return json.loads(Path(str(out) + ".report.json").read_text())
+
+
+def _spawned_workers(pid: int) -> list[psutil.Process]:
+    """The worker processes under ``pid`` (multiprocessing's spawn children; its resource tracker is not one)."""
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def _run_watching_workers(spec: Path, cwd: Path) -> tuple[subprocess.CompletedProcess, int, int]:
+    """``rasterflow run spec`` in a fresh process; returns its result, the most worker processes and the most child
+    processes of any kind seen at once."""
+    proc = subprocess.Popen([*RASTERFLOW, "run", str(spec)], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    most = children = 0
+    while proc.poll() is None:
+        try:
+            most = max(most, len(_spawned_workers(proc.pid)))
+            children = max(children, len(psutil.Process(proc.pid).children(recursive=True)))
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    stdout, stderr = proc.communicate(timeout=180)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), most, children
+
+
+@pytest.fixture(scope="module")
+def both_modes(sample, tmp_path_factory):
+    """The same job in one process (2 threads) and on 2 worker processes (1 thread each)."""
+    tmp_path = tmp_path_factory.mktemp("modes")
+    runs = {}
+    for name, processes in (("lean", "false"), ("procs", "true")):
+        spec = _spec(sample, tmp_path, name, f"{{n_workers: 2, threads_per_worker: 1, memory_limit: 2GB, "
+                                             f"processes: {processes}}}")
+        ran, workers, children = _run_watching_workers(spec, tmp_path)
+        assert ran.returncode == 0, ran.stderr
+        out = tmp_path / "out" / f"{name}.zarr"
+        runs[name] = {"out": out, "workers": workers, "children": children, "stdout": ran.stdout, "report": _report(out),
+                      "values": xr.open_zarr(out)["ndvi"].values}
+    return runs
+
+
+def test_one_process_result_equals_numpy_and_the_worker_processes_result(sample, both_modes):
+    lean, procs = both_modes["lean"], both_modes["procs"]
+    expected = reduce_reference(masked_ndvi(load_items(sample, lean["report"]["item_ids"])), "median")
+    assert lean["values"].shape == expected.shape and np.isfinite(expected).any()
+    np.testing.assert_array_equal(lean["values"], expected)  # bit for bit, NaN where NaN
+    np.testing.assert_array_equal(lean["values"], procs["values"])
+    assert lean["report"]["status"] == "ok"
+
+
+def test_one_process_starts_no_worker_process_and_processes_true_does(both_modes):
+    assert both_modes["lean"]["workers"] == 0
+    assert both_modes["lean"]["children"] == 0  # not even multiprocessing's resource tracker
+    assert both_modes["procs"]["workers"] == 2
+    lean, procs = both_modes["lean"]["report"]["cluster"], both_modes["procs"]["report"]["cluster"]
+    assert lean["processes"] is False and lean["n_workers"] == 1 and lean["threads_per_worker"] == 2
+    assert lean["memory_limit"] == 2 * 10**9  # the per-worker limit is the process's
+    assert procs["processes"] is True and procs["n_workers"] == 2 and procs["address"].startswith("tcp://")
+
+
+def test_the_report_shows_the_process_memory(both_modes):
+    report = both_modes["lean"]["report"]
+    peaks = report["measured_peak_per_worker"]
+    assert list(peaks) == ["process"] and peaks["process"] > 100 * MB  # the whole process: client + worker
+    assert report["client_peak"] is None  # not sampled twice
+    assert {s["worker"] for s in report["memory_samples"]} == {"process"}
+    assert report["predicted_peak_per_worker"] > 0
+    assert "peak per worker: measured" in both_modes["lean"]["stdout"]
+    # the processes run: a peak per worker process and one for the client
+    assert len(both_modes["procs"]["report"]["measured_peak_per_worker"]) == 2
+    assert both_modes["procs"]["report"]["client_peak"] > 0
+
+
+def test_progress_lines_in_one_process(sample, tmp_path):
+    import rasterflow
+
+    spec = _spec(sample, tmp_path, "progress", "{n_workers: 2, threads_per_worker: 1, memory_limit: 2GB, "
+                                               "processes: false}")
+    events = []
+    result = rasterflow.run(spec, on_event=lambda kind, fields: events.append(kind), state_dir=tmp_path / "state")
+    assert result.ok, result.error
+    assert "plan" in events and "done" in events
+
+
+def test_gdal_block_cache_is_set_in_the_process_and_put_back():
+    import rasterio.env
+
+    from rasterflow.cluster import ClusterSettings, open_cluster
+    from rasterflow.sizing import WorkerLayout
+
+    def cachemax() -> tuple[int, int]:
+        import os as _os
+
+        import rasterio.env as env
+
+        return int(env.get_gdal_config("GDAL_CACHEMAX")), _os.getpid()
+
+    before = int(rasterio.env.get_gdal_config("GDAL_CACHEMAX"))
+    nbytes = 48 * 2**20 if before != 48 * 2**20 else 40 * 2**20
+    settings = ClusterSettings(address=None, n_workers=2, threads_per_worker=1, memory_limit="1GB",
+                               gdal_cachemax=nbytes, processes=False)
+    layout = WorkerLayout(n_workers=1, threads_per_worker=2, memory_limit=10**9, source="local", processes=False)
+    with open_cluster(settings, layout) as handle:
+        assert handle.client.submit(cachemax, pure=False).result() == (nbytes, os.getpid())
+        info = handle.client.scheduler_info()["workers"]
+        assert [w["nthreads"] for w in info.values()] == [2]
+        assert [w["memory_limit"] for w in info.values()] == [10**9]
+    assert int(rasterio.env.get_gdal_config("GDAL_CACHEMAX")) == before
+
+
+def test_auto_is_one_process_when_it_fits_and_worker_processes_when_not(sample, tmp_path):
+    from rasterflow.run import plan_command
+    from rasterflow.spec import load_spec
+
+    fits = tmp_path / "fits.yaml"
+    fits.write_text(spec_text(sample, reduce="{method: median}", cluster="{memory_limit: 2GB}"))
+    plan = plan_command(load_spec(fits)).plan
+    assert plan.layout.processes is False and plan.layout.n_workers == 1 and plan.report.ok
+
+    # a number of workers is a request for worker processes
+    asked = tmp_path / "asked.yaml"
+    asked.write_text(spec_text(sample, reduce="{method: median}", cluster="{n_workers: 2, memory_limit: 2GB}"))
+    assert plan_command(load_spec(asked)).plan.layout.processes is True
+
+    # a limit that 2 tasks in one process exceed and 1 task per worker process does not: auto plans worker processes
+    from rasterflow.sizing import local_machine
+
+    if local_machine().cores < 2:
+        pytest.skip("one core: one process and one worker process are the same layout")
+    cluster = "{{threads_per_worker: 1, memory_limit: {limit}, gdal_cachemax: 0}}"
+    chunks = "{time: -1, y: 128, x: 128}"  # 4 chunks: as many tasks at once as threads
+    probe = tmp_path / "probe.yaml"
+    probe.write_text(spec_text(sample, reduce="{method: median}", chunks=chunks, cluster=cluster.format(limit="4GB")))
+    one = plan_command(load_spec(probe)).plan
+    probe.write_text(spec_text(sample, reduce="{method: median}", chunks=chunks,
+                               cluster=cluster.format(limit="4GB")[:-1] + ", processes: true}"))
+    many = plan_command(load_spec(probe)).plan
+    assert one.layout.processes is False and many.layout.processes is True
+    assert one.report.peak_per_worker > many.report.peak_per_worker
+    limit = (one.report.peak_per_worker + many.report.peak_per_worker)  # x 0.5 (max_fraction): between the two
+    tight = tmp_path / "tight.yaml"
+    tight.write_text(spec_text(sample, reduce="{method: median}", chunks=chunks, cluster=cluster.format(limit=limit)))
+    planned = plan_command(load_spec(tight))
+    assert planned.plan.layout.processes is True and planned.plan.layout.n_workers == local_machine().cores
+    assert planned.exit_code == 0 and planned.plan.report.ok
+    tight.write_text(spec_text(sample, reduce="{method: median}", chunks=chunks,
+                               cluster=cluster.format(limit=limit)[:-1] + ", processes: false}"))
+    assert plan_command(load_spec(tight)).exit_code == 3  # asked for one process: refused, not moved
+
+
+def test_layout_functions_on_a_given_machine():
+    from rasterflow.cluster import ClusterSettings, local_run_layout, process_fallback
+    from rasterflow.sizing import MachineInfo
+
+    machine = MachineInfo(cores=4, memory_bytes=64 * 10**9)
+    settings = ClusterSettings(address=None, n_workers="auto", threads_per_worker=1, memory_limit="900MB",
+                               gdal_cachemax=0, processes="auto")
+    lean = local_run_layout(settings, machine)
+    assert (lean.processes, lean.n_workers, lean.threads_per_worker, lean.memory_limit) == (False, 1, 4, 900 * MB)
+    fallback = process_fallback(settings, lean, machine)
+    assert fallback is not None and fallback.processes and fallback.n_workers == 4
+    assert fallback.threads_per_worker == 1 and fallback.memory_limit == 900 * MB
+    explicit = ClusterSettings(**{**settings.__dict__, "processes": False})
+    assert process_fallback(explicit, local_run_layout(explicit, machine), machine) is None
+    auto_memory = local_run_layout(ClusterSettings(**{**settings.__dict__, "memory_limit": "auto"}), machine)
+    assert auto_memory.memory_limit > 40 * 10**9  # one process: RAM - reserve, not split by workers
+    assert local_run_layout(ClusterSettings(**{**settings.__dict__, "n_workers": 2}), machine).processes is True
+
+
+def test_processes_false_over_budget_is_refused_not_moved(sample, tmp_path):
+    from rasterflow.run import plan_command
+    from rasterflow.spec import load_spec
+
+    spec = tmp_path / "refused.yaml"
+    spec.write_text(spec_text(sample, reduce="{method: median}", chunks="{time: -1, y: 256, x: 256}",
+                              cluster="{n_workers: 8, threads_per_worker: 1, memory_limit: 400MB, gdal_cachemax: 0, "
+                                      "processes: false}"))
+    result = plan_command(load_spec(spec))
+    assert result.plan.layout.processes is False and result.plan.layout.threads_per_worker == 8
+    assert result.exit_code == 3 and not result.plan.report.ok
+
+
+def test_ctrl_c_during_a_one_process_run_exits_130_and_leaves_no_output(sample, tmp_path):
+    spec = _spec(sample, tmp_path, "int", "{n_workers: 2, threads_per_worker: 1, memory_limit: 1GB, processes: false}",
+                 chunks="{time: -1, y: 16, x: 16}")
+    out = tmp_path / "out" / "int.zarr"
+    proc = subprocess.Popen([*RASTERFLOW, "run", str(spec)], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    done = Path(str(out) + ".partial") / ".rasterflow" / "done"
+    deadline = time.monotonic() + 120
+    while not (done.exists() and sum(1 for p in done.rglob("*") if p.is_file()) >= 20):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    assert _spawned_workers(proc.pid) == []
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: the whole foreground group gets it
+    _stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if "interrupted by SIGINT" in line]
+    assert len(lines) == 1 and "rerunning the same command resumes" in lines[0], stderr
+    report = _report(out)
+    assert report["status"] == "interrupted" and report["exit_code"] == 130
+    assert not out.exists() and Path(str(out) + ".partial").exists()  # nothing half-written in place
+
+    resumed = subprocess.run([*RASTERFLOW, "run", str(spec)], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=180)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed:" in resumed.stdout
+    items = load_items(sample, _report(out)["item_ids"])
+    np.testing.assert_array_equal(xr.open_zarr(out)["ndvi"].values, reduce_reference(masked_ndvi(items), "median"))
