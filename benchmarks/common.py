@@ -190,6 +190,20 @@ def read_result(path: Path, var: str = "ndvi") -> np.ndarray:
         return ds[var].values
 
 
+def physical_window(src, item: dict, asset: str, window) -> np.ndarray:
+    """One window of an open source file as float32 physical values: nodata -> NaN, the item's declared
+    ``raster:bands`` scale and offset applied (the reference's reading, independent of rasterflow's reader)."""
+    raw = src.read(1, window=window)
+    values = raw.astype(np.float32)
+    if src.nodata is not None:
+        values[raw == src.nodata] = np.nan
+    band = (item["assets"][asset].get("raster:bands") or [{}])[0]
+    scale, offset = band.get("scale", 1.0), band.get("offset", 0.0)
+    if scale != 1 or offset != 0:
+        values = values * np.float32(scale) + np.float32(offset)
+    return values
+
+
 def numpy_reference(catalog, rows: int = 256) -> np.ndarray:
     """The job computed independently with rasterio + NumPy, as ``tests/reference.py`` does it, in strips of
     ``rows`` rows (bounded memory at 8192²): every item, each asset read raw, nodata -> NaN, ``raster:bands``
@@ -216,15 +230,7 @@ def numpy_reference(catalog, rows: int = 256) -> np.ndarray:
             for asset, sources in files.items():
                 stack = []
                 for item, src in zip(items, sources):
-                    raw = src.read(1, window=window)
-                    values = raw.astype(np.float32)
-                    if src.nodata is not None:
-                        values[raw == src.nodata] = np.nan
-                    band = (item["assets"][asset].get("raster:bands") or [{}])[0]
-                    scale, offset = band.get("scale", 1.0), band.get("offset", 0.0)
-                    if scale != 1 or offset != 0:
-                        values = values * np.float32(scale) + np.float32(offset)
-                    stack.append(values)
+                    stack.append(physical_window(src, item, asset, window))
                 planes[asset] = np.stack(stack)
             drop = np.isin(planes["scl"], DROP_CLASSES)
             red = np.where(drop, np.nan, planes["red"])

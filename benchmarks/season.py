@@ -63,7 +63,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from common import CHUNK, DATA, DROP_CLASSES, GDAL_CACHEMAX, PYTHON, RASTERFLOW, WORKER_STATS_PRELOAD, gb, sample, \
-    table, write_spec  # noqa: E402
+    physical_window, table, write_spec  # noqa: E402
 from compare_peers import DASK_PEERS, DEFAULT_GDAL_PYTHON, GDAL_SCRIPT  # noqa: E402
 from scaling import FACTORS, side  # noqa: E402
 
@@ -269,15 +269,7 @@ def _ref_window(window: tuple[int, int, int, int]) -> tuple[tuple[int, int, int,
     for asset, sources in _REF["files"].items():
         stack = np.empty((len(sources), height, width), dtype=np.float32)
         for t, (item, src) in enumerate(zip(_REF["items"], sources)):
-            raw = src.read(1, window=win)
-            values = raw.astype(np.float32)
-            if src.nodata is not None:
-                values[raw == src.nodata] = np.nan
-            band = (item["assets"][asset].get("raster:bands") or [{}])[0]
-            scale, offset = band.get("scale", 1.0), band.get("offset", 0.0)
-            if scale != 1 or offset != 0:
-                values = values * np.float32(scale) + np.float32(offset)
-            stack[t] = values
+            stack[t] = physical_window(src, item, asset, win)
         planes[asset] = stack
     drop = np.isin(planes.pop("scl"), DROP_CLASSES)
     red = np.where(drop, np.nan, planes.pop("red"))

@@ -489,26 +489,17 @@ def open_cluster(settings: ClusterSettings, layout: WorkerLayout) -> Iterator[Cl
 
     if not layout.processes:
         cluster, client, previous_cache = _start_in_process(settings, layout)
-        try:
-            yield ClusterHandle(
-                client=client,
-                layout=layout,
-                dashboard_link=_dashboard_link(client),
-                address=cluster.scheduler_address,
-                is_local=True,
-            )
-        finally:
-            try:
-                client.close()
-            finally:
-                cluster.close()
-                import rasterio.env
 
-                rasterio.env.set_gdal_config("GDAL_CACHEMAX", previous_cache)
-        return
+        def restore() -> None:
+            import rasterio.env
 
-    cluster, client = _start_local(settings, layout)
-    saved = {key: os.environ.get(key) for key in _pre_spawn_keys()}
+            rasterio.env.set_gdal_config("GDAL_CACHEMAX", previous_cache)
+    else:
+        cluster, client = _start_local(settings, layout)
+        saved = {key: os.environ.get(key) for key in _pre_spawn_keys()}
+
+        def restore() -> None:
+            _restore_environ(saved)  # a nanny that restarted a killed worker wrote pre-spawn-environ again
     try:
         yield ClusterHandle(
             client=client,
@@ -522,7 +513,7 @@ def open_cluster(settings: ClusterSettings, layout: WorkerLayout) -> Iterator[Cl
             client.close()
         finally:
             cluster.close()
-            _restore_environ(saved)  # a nanny that restarted a killed worker wrote pre-spawn-environ again
+            restore()
 
 
 # --------------------------------------------------------------------------------------------------------------------
