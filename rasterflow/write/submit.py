@@ -276,6 +276,11 @@ class _Feed:
                 return keys
         return None
 
+    def take_one(self) -> list | None:
+        """The next unit (None when all are taken)."""
+        unit, self.head = self.head, self._next() if self.head is not None else None
+        return unit
+
     def take(self, in_flight: int, cap: int) -> list[list]:
         taken: list[list] = []
         while self.head is not None and (in_flight == 0 or in_flight + len(self.head) <= cap):
@@ -332,8 +337,7 @@ def _run_local(units: Iterator[Sequence[Key]], build: Callable[[Sequence[Key]], 
 
     feed = _Feed(units)
     if local_threads() == 1:  # the synchronous scheduler: one unit after the other, in this thread
-        while feed.head is not None:
-            unit, feed.head = feed.head, feed._next()
+        while (unit := feed.take_one()) is not None:
             for key, value in zip(unit, dask.get(build(unit), unit)):
                 if on_result is not None:
                     on_result(key, value)
