@@ -5,18 +5,20 @@ DOMAIN.md: ``peak per worker ≈ chunk_bytes × live_arrays × threads_per_worke
 The model follows the code path :mod:`rasterflow.graph` builds from the same resolved plan (issue 10):
 
 - **fused** (a reduction with time whole, or ``group_by: solar_day``): one task per spatial chunk reads every item
-  whose files meet the chunk (the plan's chunk index, :attr:`BudgetInputs.chunk_depth`: its most items of one chunk;
-  ``read.read_planes``: the raw block in each asset's load dtype, plus a boolean coverage plane for integer assets
-  without one nodata value), masks and evaluates the bands one date at a time into one output series per band
-  (``kernels._band_series``: one per date with an item there, passes with solar_day) and reduces each series
-  (``kernels.reduce_block``), on a period's subset copy when there are periods.
+  whose files meet the chunk (the plan's chunk index, :attr:`BudgetInputs.chunk_depth`: its most items of one chunk),
+  one item at a time (``read.item_stream``: that item's raw planes in each asset's load dtype, plus a boolean
+  coverage plane for integer assets without one nodata value), masks and evaluates the bands one date at a time into
+  one output series per band (``kernels._band_series``: one per date with an item there, passes with solar_day) and
+  reduces each series (``kernels.reduce_block``), on a period's subset copy when there are periods. A chunk whose
+  series would be over :data:`STRIP_TARGET_BYTES` is reduced in sub-blocks (:func:`sub_block`,
+  ``graph.chunk_reduce``): the task then holds one sub-block's series and the chunk's result.
 - **tree** (a streaming reduction with time chunked): one task per (time chunk, spatial chunk) evaluates the bands
   into a ``(date, band, y, x)`` block (``kernels.band_block``), which stays in the worker until one reduction task
   per band has turned it into partials (``graph._tree_reduce``: Dask's nan-reductions; std's streaming partials).
 - **series** (no reduction): the same band block, held until every date of it is written.
 
 A task's memory is counted in *planes*: one plane is one asset's chunk over the task's items, ``t × y × x`` in the
-working dtype (``t``: :attr:`BudgetInputs.items_per_task`) (the loaded block can be narrower: uint16 is half a float32 plane). A worker runs as many tasks at
+working dtype (``t``: :attr:`BudgetInputs.items_per_task`). A worker runs as many tasks at
 once as it has threads *and* tasks: a worker that gets one chunk holds one working set whatever its threads. Edge
 chunks are counted at their real size. GDAL's block cache holds at most what the worker decodes; each thread keeps
 the files it opened (a bounded LRU, ``read.datasets``). With COG output the client process assembles the files
@@ -45,6 +47,7 @@ __all__ = [
     "pipeline_shape",
     "code_path",
     "task_shapes",
+    "sub_block",
     "stage_estimates",
     "estimate",
     "static_estimate",
@@ -147,12 +150,25 @@ COG_INFLIGHT_PER_THREAD = 2
 """``write.cog``: at most 2 × threads finished blocks are in flight to the client at once."""
 
 LOAD_COPIES = 1
-"""Copies of the loaded block alive in a task: the read output itself; the kernel takes it without a copy."""
+"""Copies of one item's loaded planes alive in a task: the read output itself; the kernel takes it without a copy."""
+
+STRIP_TARGET_BYTES = 64 * 2**20
+"""The working set above which a fused task reduces its chunk in sub-blocks (:func:`sub_block`): about what a
+1024² chunk of 8 dates holds, so that a season or a year at the same chunks needs no more memory per task than a
+short series (issue 13: "memory must not grow with the job"). ``plan`` prints the sub-block."""
+
+MIN_STRIP_ROWS = 16
+"""Strips are never lower than this (per-strip overhead: one window read per item and asset)."""
 
 OPEN_FILE_BYTES = 2 * 10**6
-"""Memory each open source file keeps per worker thread for the whole job: a GDAL dataset with its header and a
-1 MB file cache (read.datasets.VSI_CACHE_SIZE). Measured with benchmarks/budget_accuracy.py on 2026-12-02: ~2 MB per
-file and thread."""
+"""Memory each open remote source file keeps per worker thread for the whole job: a GDAL dataset with its header,
+its decoder's buffers and a 1 MB file cache (read.datasets.VSI_CACHE_SIZE). Measured with
+benchmarks/budget_accuracy.py on 2026-12-02: ~2 MB per file and thread."""
+
+LOCAL_FILE_BYTES = 1 * 10**6
+"""The same for a local file, which is read without GDAL's per-file cache (``read.datasets.open_source``): the
+dataset and libtiff's buffers (the compressed tile and the ZSTD window). Measured on the 5490² x 36 season
+(benchmarks/README.md, 2026-12-03): 1.67 MB per file with the cache, 0.94 MB without."""
 
 MAX_OPEN_PER_THREAD = 512
 """``read.datasets.MAX_OPEN_PER_THREAD`` (not imported: that module imports rasterio lazily but lives with the
@@ -278,6 +294,8 @@ class BudgetInputs:
     files_per_chunk: int | None = None
     """Most source files (item × asset) whose footprint meets one spatial chunk; None = every file (the reader opens
     only the files that cover the chunk: with tiles side by side, a chunk meets one tile's items)."""
+    local_files: bool = False
+    """Every source file is local (:data:`LOCAL_FILE_BYTES` per open file, else :data:`OPEN_FILE_BYTES`)."""
     chunk_depth: Callable[[int, int], ChunkDepth] | None = field(default=None, compare=False, repr=False)
     """``(chunk_y, chunk_x) -> ChunkDepth`` from the plan's chunk index: a task holds only the items whose files
     meet its chunk; None = every item meets every chunk (the static check)."""
@@ -401,6 +419,9 @@ class BudgetReport:
     """What the static check assumed (load dtype, time length), for the verdict line."""
     held_bytes: int = 0
     """Included in ``tasks_bytes``: blocks and partials a worker holds between tasks (tree and series paths)."""
+    sub_block: tuple[int, int] = (0, 0)
+    """``(rows, cols)`` of the sub-blocks a fused task reduces its chunk in (:func:`sub_block`); ``(0, 0)`` = the
+    whole chunk at once."""
 
     @property
     def ok(self) -> bool:
@@ -474,6 +495,7 @@ class BudgetReport:
             "client_peak": self.client_peak,
             "assumptions": list(self.assumptions),
             "held_bytes": self.held_bytes,
+            "sub_block": list(self.sub_block),
         }
 
 
@@ -522,39 +544,105 @@ def task_shapes(shape: PipelineShape, inputs: BudgetInputs) -> tuple[TaskShape, 
     return tuple(sorted(out, key=lambda t: (t.pixels * t.items, t.pixels), reverse=True))
 
 
-def _task_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape) -> list[tuple[str, int, str]]:
-    """(stage, bytes, detail) of one task of ``task``'s shape, following :mod:`rasterflow.kernels`."""
+def sub_block(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape | None = None) -> tuple[int, int]:
+    """``(rows, cols)`` of the sub-blocks the fused task reduces its chunk in (``graph.chunk_reduce``); ``(0, 0)``
+    = the whole chunk at once.
+
+    A fused task holds its pixels' whole series, so its working set grows with the dates. Above
+    :data:`STRIP_TARGET_BYTES` the chunk is reduced in sub-blocks whose working set, apart from the chunk's result
+    they fill, fits it: when the source tiles
+    are known, the widest block of whole tiles (whole columns of tiles of the chunk first) that fits with at least
+    one tile's height, so that no tile is decoded for two sub-blocks; when not even one tile fits, strips of one
+    tile's width (the sub-blocks of a tile follow each other, so its decoded blocks are still in GDAL's cache);
+    without known tiles, full-width row strips. Strips are cut equal and never below :data:`MIN_STRIP_ROWS` rows.
+    The job's largest task decides (``task``: for that task alone).
+    """
+    if code_path(shape, inputs) != "fused":
+        return (0, 0)
+    task = task or task_shapes(shape, inputs)[0]
+    if _block_peak(shape, inputs, task, (task.rows, task.cols)) <= STRIP_TARGET_BYTES:
+        return (0, 0)
+    tile_y, tile_x = inputs.source_tile or (0, 0)
+    widths = [task.cols]
+    if tile_x and tile_x < task.cols:
+        widths += [k * tile_x for k in range(task.cols // tile_x, 0, -1) if k * tile_x < task.cols]
+    for cols in widths:
+        rows = _fitting_rows(shape, inputs, task, cols)
+        if tile_y and rows >= tile_y:
+            rows = min(task.rows, rows // tile_y * tile_y)
+            return (0, 0) if (rows, cols) == (task.rows, task.cols) else (rows, cols)
+    cols = tile_x if tile_x and tile_x < task.cols else task.cols
+    rows = _fitting_rows(shape, inputs, task, cols)
+    rows = max(MIN_STRIP_ROWS, math.ceil(task.rows / math.ceil(task.rows / rows)))  # equal strips
+    if tile_y and rows < tile_y:
+        rows = math.ceil(tile_y / math.ceil(tile_y / rows))  # equal strips of a tile
+    return (0, 0) if (rows, cols) == (task.rows, task.cols) or rows >= task.rows and cols >= task.cols \
+        else (min(rows, task.rows), cols)
+
+
+def _fitting_rows(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, cols: int) -> int:
+    """The most rows of a ``cols``-wide sub-block whose working set, apart from the whole chunk's result, fits
+    :data:`STRIP_TARGET_BYTES` (at least :data:`MIN_STRIP_ROWS`): the working set is affine in the rows."""
+    result = _n_groups(shape, inputs) * max(1, shape.n_quantiles) * len(shape.bands) * task.pixels \
+        * dtype_itemsize(inputs.dtype)
+    at_one = _block_peak(shape, inputs, task, (1, cols)) - result
+    per_row = max(1, _block_peak(shape, inputs, task, (2, cols)) - result - at_one)
+    return int(max(MIN_STRIP_ROWS, min(task.rows, (STRIP_TARGET_BYTES - (at_one - per_row)) // per_row)))
+
+
+def _block_peak(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, block: tuple[int, int]) -> int:
+    return max(nbytes for _, nbytes, _ in _task_stages(shape, inputs, task, block))
+
+
+def _task_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape,
+                 block: tuple[int, int] | None = None) -> list[tuple[str, int, str]]:
+    """(stage, bytes, detail) of one task of ``task``'s shape, following :mod:`rasterflow.kernels`.
+
+    The reader hands the kernel one item at a time (``read.item_stream``): the loaded block is one item's raw values,
+    the series the only date-deep arrays. A fused task reduces its chunk in sub-blocks of ``block`` (default: the
+    job's :func:`sub_block`); then the whole chunk's result is alive beside the sub-block's working set."""
+    path = code_path(shape, inputs)
+    if block is None:
+        block = sub_block(shape, inputs) if path == "fused" else (0, 0)
+    rows, cols = min(block[0], task.rows), min(block[1], task.cols)
+    striped = path == "fused" and rows > 0 and (rows, cols) != (task.rows, task.cols)
+    part = dataclasses.replace(task, rows=rows, cols=cols) if striped else task
     w = dtype_itemsize(inputs.dtype)
     n_loaded, n_bands = len(shape.assets_loaded), len(shape.bands)
-    one = task.pixels * w  # one date of one band in the working dtype
-    series = task.dates * one  # one band's output series
+    one = part.pixels * w  # one date of one band in the working dtype, over the strip
+    series = part.dates * one  # one band's output series
     load_px = sum(inputs.load_itemsizes(n_loaded)) + inputs.coverage_assets  # bytes per item and pixel
-    block = LOAD_COPIES * task.items * task.pixels * load_px
-    held = block + n_bands * series
+    item = LOAD_COPIES * part.pixels * load_px  # one item's raw planes
+    n_groups = _n_groups(shape, inputs)  # every period of the output, whatever dates the chunk has
+    result = n_groups * max(1, shape.n_quantiles) * n_bands * w
+    chunk_result = result * task.pixels if striped else 0  # filled strip by strip
+    held = item + n_bands * series + chunk_result
+    strip_words = f" (a {rows}×{cols} sub-block of the {task.rows}×{task.cols} chunk)" if striped else ""
     stages: list[tuple[str, int, str]] = []
     cover = f" + {inputs.coverage_assets} coverage plane(s)" if inputs.coverage_assets else ""
-    stages.append(("load", block, f"{n_loaded} asset(s) × {task.items} items loaded as "
-                                  f"{inputs.load_words(n_loaded)}{cover}"))
-    mosaic = n_loaded + 0.5 if shape.mosaics_passes else 0  # the next tile's planes and the filled/take masks
-    base = f"block + {n_bands} band series of {task.dates} dates"
+    stages.append(("load", item, f"{n_loaded} asset(s) of one item loaded as "
+                                  f"{inputs.load_words(n_loaded)}{cover}{strip_words}; {task.items} items one by one"))
+    # with solar_day the next tile's raw planes, its masked planes and the filled/take masks
+    mosaic = n_loaded + 0.5 if shape.mosaics_passes else 0
+    next_tile = item if shape.mosaics_passes else 0
+    base = f"one item + {n_bands} band series of {part.dates} dates" + (" + the chunk's result" if striped else "")
     if shape.mask is not None:
         temps = n_loaded + mosaic + shape.mask.live_arrays - len(shape.mask.names)
-        stages.append(("mask", int(held + temps * one), f"{base} + {temps:g} one-date planes (mask temporaries)"))
+        stages.append(("mask", int(held + next_tile + temps * one),
+                       f"{base} + {temps:g} one-date planes (mask temporaries)"))
     for index, (name, expr) in enumerate(shape.bands):
         temps = n_loaded + mosaic + index + expr.live_arrays - len(expr.names)
-        stages.append((f"band {name}", int(held + temps * one),
+        stages.append((f"band {name}", int(held + next_tile + temps * one),
                        f"{base} + {temps:g} one-date planes (assets, earlier bands, {expr.live_arrays} live)"))
-    path = code_path(shape, inputs)
     if path == "fused":
         method = shape.reduce_method or ""
-        group = min(inputs.group_dates or task.dates, task.dates) * one
+        group = min(inputs.group_dates or part.dates, part.dates) * one
         extra = REDUCTION_EXTRA_PLANES[method] * group + (group if shape.has_period else 0)
-        n_groups = _n_groups(shape, inputs)  # every period of the output, whatever dates the chunk has
-        out = n_groups * max(1, shape.n_quantiles) * n_bands * one
+        out = result * part.pixels
         stages.append((f"reduce {method}", int(held + extra + out),
                        f"{base} + {REDUCTION_EXTRA_PLANES[method]:g} working copies"
                        + (" of a period's subset + the subset" if shape.has_period else "")
-                       + f" + the {n_groups}×{max(1, shape.n_quantiles)}×{n_bands} result"))
+                       + f" + the {n_groups}×{max(1, shape.n_quantiles)}×{n_bands} result{strip_words}"))
         return stages
     # tree and series: band_block copies the series into one (date, band, y, x) block, one band at a time
     stages.append(("bands out", int(held + series), f"{base} + the first band of the (date, band) block"))
@@ -665,8 +753,9 @@ def _concurrent_bytes(shape: PipelineShape, inputs: BudgetInputs, tasks: list[Ta
 
 
 def open_files_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
-    """Source files one thread keeps open, :data:`OPEN_FILE_BYTES` each: those of the spatial chunks it reads (all
-    the files, or ``files_per_chunk`` per chunk), at most the reader's LRU bound."""
+    """Source files one thread keeps open, :data:`OPEN_FILE_BYTES` each (:data:`LOCAL_FILE_BYTES` when every file is
+    local): those of the spatial chunks it reads (all the files, or ``files_per_chunk`` per chunk), at most the
+    reader's LRU bound."""
     files = inputs.n_time * len(shape.assets_loaded)
     depth = inputs.depth()
     per_chunk = depth.files if depth is not None else inputs.files_per_chunk
@@ -674,7 +763,7 @@ def open_files_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
         threads = max(1, inputs.n_workers * concurrent_tasks(shape, inputs))
         chunks_per_thread = math.ceil(inputs.n_spatial_chunks / threads)
         files = min(files, chunks_per_thread * per_chunk)
-    return min(MAX_OPEN_PER_THREAD, files) * OPEN_FILE_BYTES
+    return min(MAX_OPEN_PER_THREAD, files) * (LOCAL_FILE_BYTES if inputs.local_files else OPEN_FILE_BYTES)
 
 
 def gdal_cache_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
@@ -828,6 +917,7 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
         client_peak=client,
         assumptions=_assumptions(inputs),
         held_bytes=held,
+        sub_block=sub_block(shape, inputs),
     )
 
 

@@ -378,6 +378,7 @@ def _plan_text(specs: tuple[str, ...], fix: bool, variables: dict[str, str], sel
 
 
 def _print_plan(loaded: Any, plan: Any) -> None:
+    from rasterflow.budget import STRIP_TARGET_BYTES
     from rasterflow.run import assets_applied
     from rasterflow.units import format_bytes
 
@@ -393,6 +394,10 @@ def _print_plan(loaded: Any, plan: Any) -> None:
     held = f" (at most {depth} of {inputs.time_per_chunk} meet one chunk)" if depth < inputs.time_per_chunk else ""
     echo(f"  chunk            time {depth} x y {cy} x x {cx}, {inputs.dtype}: "
          f"{format_bytes(inputs.plane_bytes)} per asset plane{held}")
+    if report.sub_block != (0, 0):
+        rows, cols = report.sub_block
+        echo(f"  sub-blocks       {rows} x {cols} px: each task reduces its chunk one sub-block at a time (a whole "
+             f"chunk's series would be over the {format_bytes(STRIP_TARGET_BYTES)} per-task target)")
     for index, (name, asset) in enumerate(assets_applied(plan).items()):
         label = "assets" if index == 0 else ""
         key = f" ({asset['key']})" if asset["key"] != name else ""

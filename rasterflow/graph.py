@@ -4,7 +4,9 @@ Nothing here computes: the result is a Dask-backed Dataset that a writer streams
 With time whole (the default) the read, mask, bands and reduction of a spatial chunk run in one task
 (:func:`chunk_reduce`) that depends on no other task, so no intermediate leaves its task, the chunks spread over
 all workers and no data moves between them. Each task carries only the items whose files meet its chunk (the
-plan's :class:`~rasterflow.plan.ChunkIndex`) and, of those, the asset reads whose files cover it.
+plan's :class:`~rasterflow.plan.ChunkIndex`) and, of those, the asset reads whose files cover it; it reads them one
+item at a time and, for a deep series, reduces its chunk in sub-blocks (the budget's ``sub_block``), so its memory
+does not grow with the dates.
 The graph is built from the plan alone (:class:`~rasterflow.plan.JobPlan`), with Dask's public API.
 """
 
@@ -20,22 +22,42 @@ from dask.highlevelgraph import HighLevelGraph
 
 from rasterflow import kernels
 from rasterflow.plan import JobPlan
-from rasterflow.read import ReadJob, read_planes
+from rasterflow.read import ReadJob, item_stream
 
 __all__ = ["build_dataset", "chunk_reduce", "chunk_bands", "read_jobs", "local_read_job"]
 
 
 def chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], program: kernels.Program,
-                 view: kernels.TaskItems | None = None) -> np.ndarray:
+                 view: kernels.TaskItems | None = None, block: tuple[int, int] = (0, 0)) -> np.ndarray:
     """The fused task: read every date of one chunk (the items of ``view``) and reduce it ->
-    ``(group, quantile, band, y, x)``."""
-    return kernels.reduce_block(read_planes(job, rows, cols), program, view)
+    ``(group, quantile, band, y, x)``.
+
+    With ``block`` (the budget's :func:`~rasterflow.budget.sub_block`, ``(rows, cols)``) the chunk is read and
+    reduced in sub-blocks of that size, one after the other, down each column of sub-blocks: every pixel's series
+    is whole in its sub-block, so the result is the same, and the task holds one sub-block's series instead of the
+    chunk's (memory does not grow with the dates)."""
+    height, width = rows[1] - rows[0], cols[1] - cols[0]
+    block_rows, block_cols = min(block[0] or height, height), min(block[1] or width, width)
+    if (block_rows, block_cols) == (height, width):
+        return kernels.reduce_block(item_stream(job, rows, cols), program, view)
+    out: np.ndarray | None = None
+    for left in range(cols[0], cols[1], block_cols):
+        sub_cols = (left, min(left + block_cols, cols[1]))
+        for top in range(rows[0], rows[1], block_rows):
+            sub_rows = (top, min(top + block_rows, rows[1]))
+            part = kernels.reduce_block(item_stream(job, sub_rows, sub_cols), program, view)
+            if out is None:
+                out = np.empty((*part.shape[:-2], height, width), dtype=part.dtype)
+            out[..., sub_rows[0] - rows[0]:sub_rows[1] - rows[0], sub_cols[0] - cols[0]:sub_cols[1] - cols[0]] = part
+            del part
+    assert out is not None
+    return out
 
 
 def chunk_bands(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], program: kernels.Program,
                 view: kernels.TaskItems | None = None) -> np.ndarray:
     """Read a time slice of one chunk (the items of ``view``) and evaluate the bands -> ``(date, band, y, x)``."""
-    return kernels.band_block(read_planes(job, rows, cols), program, view)
+    return kernels.band_block(item_stream(job, rows, cols), program, view)
 
 
 def _bounds(chunks: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -74,9 +96,10 @@ def _one_box(plan: JobPlan) -> list[bool]:
 
 
 def _task_array(plan: JobPlan, prefix: str, function: Any, time_chunks: tuple[int, ...], leading: tuple,
-                dtype: str) -> da.Array:
+                dtype: str, extra: tuple = ()) -> da.Array:
     """A Dask array with one independent task per (time chunk, y chunk, x chunk); each task holds only the items
-    the plan's chunk index puts on its chunk (:class:`~rasterflow.kernels.TaskItems`)."""
+    the plan's chunk index puts on its chunk (:class:`~rasterflow.kernels.TaskItems`); ``extra`` are more arguments
+    of ``function`` after the view."""
     program = plan.program
     assert program is not None, "a plan without items has no tasks"
     cy, cx = plan.chunks["y"], plan.chunks["x"]
@@ -103,14 +126,16 @@ def _task_array(plan: JobPlan, prefix: str, function: Any, time_chunks: tuple[in
             for j, cols in enumerate(_bounds(x_chunks)):
                 key = (name, k) + (0,) * (len(leading) - 1) + (i, j)
                 if index is None:
-                    layer[key] = (function, read_jobs(plan, slice(t0, t1), rows, cols), rows, cols, program)
+                    layer[key] = (function, read_jobs(plan, slice(t0, t1), rows, cols), rows, cols, program, None,
+                                  *extra)
                     continue
                 local = index.items_of(i, j)
                 if t0 > 0 or t1 < n_items:
                     local = local[np.searchsorted(local, t0):np.searchsorted(local, t1)]
                 items = local.tolist()
                 view = kernels.task_items(program, items, t0, t1 - t0, step_of)
-                layer[key] = (function, local_read_job(plan, items, rows, cols, one_box), rows, cols, program, view)
+                layer[key] = (function, local_read_job(plan, items, rows, cols, one_box), rows, cols, program, view,
+                              *extra)
     chunks = leading + (y_chunks, x_chunks)
     graph = HighLevelGraph.from_collections(name, layer, dependencies=())
     return da.Array(graph, name, chunks, meta=np.empty((0,) * len(chunks), dtype=dtype))
@@ -143,7 +168,8 @@ def build_dataset(plan: JobPlan) -> xr.Dataset:
         coords["time"] = np.array([np.datetime64(t, "ns") for t in plan.times])
     elif len(item_chunks) == 1 or program.steps:
         fused = _task_array(plan, f"rasterflow-{program.reduce_method}", chunk_reduce, item_chunks,
-                            ((program.n_groups,), (program.n_quantiles,), (n_bands,)), program.dtype)
+                            ((program.n_groups,), (program.n_quantiles,), (n_bands,)), program.dtype,
+                            (plan.report.sub_block,))
         variables = {name: _reduced_dims(fused[:, :, index], bool(plan.period_labels), plan.quantile_dim)
                      for index, name in enumerate(program.band_names)}
     else:

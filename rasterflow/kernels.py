@@ -1,12 +1,14 @@
 """The per-chunk kernels: NumPy only, so they can be tested without Dask and run inside one task.
 
-One task takes its loaded :class:`Planes` (raw source values per asset) and runs the mask (on the raw values), nodata,
-scale/offset, the band expressions and the reduction over time on them, so intermediates never leave the task and never cross workers. The order of work and what
+One task takes its items one at a time (an :class:`ItemStream` of raw source values per asset, or loaded
+:class:`Planes`) and runs the mask (on the raw values), nodata, scale/offset, the band expressions and the reduction
+over time on them, so intermediates never leave the task and never cross workers. The order of work and what
 stays alive here is what ``budget.py`` counts; change one, change the other.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -15,7 +17,7 @@ import numpy as np
 from rasterflow.expr import Expression
 
 __all__ = [
-    "Program", "Planes", "TaskItems", "task_items", "absent_bands", "absent_is_nan", "working_plane", "band_block", "reduce_block", "reduce_time", "nanquantile_time", "solar_day_steps", "period_labels",
+    "Program", "Planes", "ItemStream", "TaskItems", "task_items", "absent_bands", "absent_is_nan", "working_plane", "band_block", "reduce_block", "reduce_time", "nanquantile_time", "solar_day_steps", "period_labels",
     "group_indices", "std_partials", "combine_std_partials", "finish_std",
 ]
 
@@ -85,6 +87,33 @@ class Planes:
     @property
     def spatial_shape(self) -> tuple[int, int]:
         return self.raw[0].shape[1:]  # type: ignore[return-value]
+
+    def item(self, t: int) -> Planes:
+        """Item ``t`` alone, as one-item planes (views, no copy)."""
+        return Planes(raw=tuple(r[t:t + 1] for r in self.raw),
+                      covered=tuple(None if c is None else c[t:t + 1] for c in self.covered),
+                      nodata=self.nodata[t:t + 1], scale=self.scale[t:t + 1], offset=self.offset[t:t + 1])
+
+    def stream(self) -> ItemStream:
+        """These planes as an :class:`ItemStream` (what the kernels consume)."""
+        return ItemStream(n_items=self.n_items, spatial_shape=self.spatial_shape, read=self.item)
+
+
+@dataclass(frozen=True)
+class ItemStream:
+    """A task's items read one at a time: ``read(t)`` gives local item ``t`` as one-item :class:`Planes`.
+
+    The kernels take each item when its date is evaluated and drop it after, so the only date-deep arrays of a task
+    are its band series (the raw block of every item is never alive at once); :func:`rasterflow.read.item_stream`
+    reads each item's window when asked."""
+
+    n_items: int
+    spatial_shape: tuple[int, int]
+    read: Callable[[int], Planes]
+
+
+def _as_stream(source: Planes | ItemStream) -> ItemStream:
+    return source.stream() if isinstance(source, Planes) else source
 
 
 def working_plane(planes: Planes, t: int, a: int, dtype: np.dtype) -> np.ndarray:
@@ -198,30 +227,33 @@ def absent_is_nan(bands: tuple[tuple[str, Expression], ...], assets: tuple[str, 
     return all(bool(np.isnan(plane).all()) for plane in absent_bands(program, (1, 1)).values())
 
 
-def _band_series(planes: Planes, program: Program, view: TaskItems | None = None) -> dict[str, np.ndarray]:
-    """Mask and evaluate the bands of one task's planes: every band's ``(date, y, x)`` values in the working dtype,
-    one per local date of ``view`` (default: every item of the planes, each date of ``program.steps``).
+def _band_series(source: Planes | ItemStream, program: Program, view: TaskItems | None = None) -> dict[str, np.ndarray]:
+    """Mask and evaluate the bands of one task's items: every band's ``(date, y, x)`` values in the working dtype,
+    one per local date of ``view`` (default: every item, each date of ``program.steps``).
 
-    Everything is per pixel, so the work runs one date at a time: the temporaries are ``(y, x)`` planes, and the
-    only date-deep arrays are the loaded planes and one output series per band. With solar-day steps the tiles of a
-    pass are mosaicked per pixel: a pixel takes *every* asset from the first tile in which the assets the bands read
-    are all valid (not nodata, not masked), so red and nir of one pixel never come from different tiles.
+    Everything is per pixel, so the work runs one date at a time and takes each item from ``source`` when its date
+    is evaluated: the temporaries are ``(y, x)`` planes, and the only date-deep arrays are one output series per
+    band (and, with :class:`Planes`, the caller's loaded block). With solar-day steps the tiles of a pass are
+    mosaicked per pixel: a pixel takes *every* asset from the first tile in which the assets the bands read are all
+    valid (not nodata, not masked), so red and nir of one pixel never come from different tiles.
     """
+    stream = _as_stream(source)
     dtype = np.dtype(program.dtype)
-    view = view or _all_items(program, planes.n_items)
-    series = {name: np.empty((len(view.steps), *planes.spatial_shape), dtype=dtype) for name in program.band_names}
+    view = view or _all_items(program, stream.n_items)
+    shape = stream.spatial_shape
+    series = {name: np.empty((len(view.steps), *shape), dtype=dtype) for name in program.band_names}
     judged = program.band_assets or program.assets
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for step, (indices, absent_first) in enumerate(zip(view.steps, view.starts_absent)):
             rest = indices
             if absent_first:
-                env = _absent_env(program, planes.spatial_shape, dtype)
+                env = _absent_env(program, shape, dtype)
             else:
-                env, rest = _masked_assets(planes, indices[0], program, dtype), indices[1:]
+                env, rest = _masked_assets(stream.read(indices[0]), 0, program, dtype), indices[1:]
             if rest:
                 filled = _valid(env, judged)
                 for t in rest:
-                    more = _masked_assets(planes, t, program, dtype)
+                    more = _masked_assets(stream.read(t), 0, program, dtype)
                     take = _valid(more, judged)
                     take &= ~filled
                     for name, plane in env.items():
@@ -236,7 +268,7 @@ def _band_series(planes: Planes, program: Program, view: TaskItems | None = None
     return series
 
 
-def band_block(planes: Planes, program: Program, view: TaskItems | None = None) -> np.ndarray:
+def band_block(planes: Planes | ItemStream, program: Program, view: TaskItems | None = None) -> np.ndarray:
     """Mask and band math of one task: -> ``(date, band, y, x)``, every date of the task; with ``view`` the dates
     without an item of the planes hold :func:`absent_bands`."""
     values = _band_series(planes, program, view)
@@ -258,7 +290,7 @@ def band_block(planes: Planes, program: Program, view: TaskItems | None = None) 
     return out
 
 
-def reduce_block(planes: Planes, program: Program, view: TaskItems | None = None) -> np.ndarray:
+def reduce_block(planes: Planes | ItemStream, program: Program, view: TaskItems | None = None) -> np.ndarray:
     """The fused task: -> ``(group, quantile, band, y, x)``; the planes hold every date (or, with ``view``, the
     items meeting the chunk: a period's dates without one are NaN there and left out, or, where the band math
     gives a number for no data, take :func:`absent_bands`, in their place, as when every item was loaded)."""

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 from rasterflow import budget
 from rasterflow.errors import SpecError, SpecIssue
 from rasterflow.kernels import Program, absent_is_nan, group_indices, period_labels, solar_day_steps
+from rasterflow.read.remote import is_remote
 from rasterflow.sources import FileHeader, MissingAsset, SourceTable, gc_paused, missing_assets, resolve_sources
 from rasterflow.sizing import WorkerLayout, local_machine, size_local_cluster
 from rasterflow.units import parse_bytes
@@ -569,6 +570,7 @@ def _budget_details(spec: Any, times: Sequence[str], sources: SourceTable, layou
         "workers_local": layout.source == "local",
         "files_per_chunk": index.most_files,
         "chunk_depth": index.depth,
+        "local_files": not any(is_remote(read.href) for reads in sources.reads for read in reads if read is not None),
     }
 
 

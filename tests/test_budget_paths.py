@@ -44,18 +44,25 @@ def _inputs(**changes) -> budget.BudgetInputs:
 
 PX = 1024 * 1024
 ONE = PX * 4  # one date of one band, float32
-BLOCK = 16 * PX * (2 + 2 + 1)  # 16 items of red, nir (uint16) and scl (uint8)
+ITEM = PX * (2 + 2 + 1)  # one item of red, nir (uint16) and scl (uint8): the reader hands the kernel one at a time
 
 
 # --- per path, by hand ----------------------------------------------------------------------------------------------
 
 
-def test_fused_median_holds_block_series_and_one_date_temporaries():
+@pytest.fixture
+def whole_chunks(monkeypatch):
+    """Fused tasks reduce their chunk whole (sub-blocks have their own tests below)."""
+    monkeypatch.setattr(budget, "STRIP_TARGET_BYTES", 10 * GB)
+
+
+def test_fused_median_holds_block_series_and_one_date_temporaries(whole_chunks):
     report = budget.estimate(_shape("median"), _inputs())
     assert report.path == "fused"
     stages = {s.stage: s.bytes_per_task for s in report.stages}
-    held = BLOCK + 16 * ONE  # the raw block + the ndvi series of 16 dates
-    assert stages["load"] == BLOCK
+    held = ITEM + 16 * ONE  # one item's raw planes + the ndvi series of 16 dates
+    assert stages["load"] == ITEM
+    assert report.sub_block == (0, 0)
     # mask: 3 assets as one-date working planes + the OR-chain's temporaries (4 live - 1 name = 3)
     assert stages["mask"] == held + 6 * ONE
     assert stages["reduce median"] == int(held + 0.1 * 16 * ONE + ONE)  # bottleneck's result + the output plane
@@ -78,7 +85,7 @@ def test_threads_are_capped_by_the_tasks_a_worker_gets():
     assert report.concurrent_tasks == 2
 
 
-def test_edge_chunks_count_at_their_real_size():
+def test_edge_chunks_count_at_their_real_size(whole_chunks):
     # 2048² cut at 1536: chunks 1536², 1536×512, 512×1536, 512²; two threads hold the two largest at once
     inputs = _inputs(chunk_y=1536, chunk_x=1536, threads_per_worker=2)
     shapes = budget.task_shapes(_shape("median"), inputs)
@@ -121,10 +128,9 @@ def test_tree_std_counts_partials_not_float64_copies():
     report = budget.estimate(_shape("std"), inputs)
     assert report.path == "tree"
     stages = {s.stage: s.bytes_per_task for s in report.stages}
-    block4 = 4 * PX * 5
     series4 = 4 * ONE
-    assert stages["load"] == block4
-    assert stages["bands out"] == block4 + series4 + series4
+    assert stages["load"] == ITEM
+    assert stages["bands out"] == ITEM + series4 + series4
     # the band's block + std_partials' 8 one-date temporaries + its (count, mean, M2 (+1)) partial
     assert stages["reduce std (tree)"] == series4 + 8 * ONE + 4 * ONE
     assert stages["combine std (tree)"] == 4 * 4 * ONE + 2 * ONE
@@ -148,14 +154,14 @@ def test_series_holds_a_finished_block_while_it_is_written():
     report = budget.estimate(_shape(None), _inputs())
     assert report.path == "series"
     stages = {s.stage: s.bytes_per_task for s in report.stages}
-    held = BLOCK + 16 * ONE
+    held = ITEM + 16 * ONE
     assert stages["bands out"] == held + 16 * ONE
     assert stages["mask"] == held + 6 * ONE
     assert report.held_bytes == 16 * ONE  # the (date, band) block of 1 band
     assert report.tasks_bytes == held + 16 * ONE + 16 * ONE
 
 
-def test_solar_day_sizes_series_by_passes_and_the_block_by_items():
+def test_solar_day_sizes_series_by_passes_and_the_block_by_items(whole_chunks):
     # 24 items in 12 passes (two tiles per pass)
     inputs = _inputs(n_time=24, n_dates=12, chunk_time=4)
     shape = _shape("median", mosaic=True)
@@ -164,26 +170,54 @@ def test_solar_day_sizes_series_by_passes_and_the_block_by_items():
     (task,) = budget.task_shapes(shape, inputs)
     assert (task.items, task.dates, task.count) == (24, 12, 4)
     stages = {s.stage: s.bytes_per_task for s in report.stages}
-    assert stages["load"] == 24 * PX * 5
-    # mask: + the next tile's 3 planes and the two boolean masks (0.5)
-    assert stages["mask"] == int(24 * PX * 5 + 12 * ONE + (3 + 3.5 + 3) * ONE)
+    assert stages["load"] == ITEM  # 24 items, read one by one
+    # mask: + the next tile's raw planes, its 3 working planes and the two boolean masks (0.5)
+    assert stages["mask"] == int(ITEM + 12 * ONE + ITEM + (3 + 3.5 + 3) * ONE)
 
 
-def test_coverage_planes_and_mixed_load_dtypes():
+def test_coverage_planes_and_mixed_load_dtypes(whole_chunks):
     plain = budget.estimate(_shape("median"), _inputs())
     covered = budget.estimate(_shape("median"), _inputs(coverage_assets=2))
-    assert covered.stages[0].bytes_per_task - plain.stages[0].bytes_per_task == 2 * 16 * PX  # bool, 1 B a pixel
+    assert covered.stages[0].bytes_per_task - plain.stages[0].bytes_per_task == 2 * PX  # bool, 1 B a pixel
     wide = budget.estimate(_shape("median"), _inputs(asset_dtypes=("uint16",) * 3))
-    assert wide.stages[0].bytes_per_task - plain.stages[0].bytes_per_task == 16 * PX  # scl as uint16, not uint8
+    assert wide.stages[0].bytes_per_task - plain.stages[0].bytes_per_task == PX  # scl as uint16, not uint8
 
 
 def test_periods_count_the_largest_period_subset():
-    inputs = _inputs(group_dates=3)
+    inputs = _inputs(group_dates=3, chunk_y=512, chunk_x=512)  # 512²: small enough to be reduced whole
     report = budget.estimate(_shape("quantile", period=True, quantiles=3), inputs)
+    assert report.sub_block == (0, 0)
     stages = {s.stage: s.bytes_per_task for s in report.stages}
-    held = BLOCK + 16 * ONE
+    one = ONE // 4
+    held = ITEM // 4 + 16 * one
     # the subset copy (3 dates) + the sort's 0.5 of it + the result: ceil(16/3) = 6 periods × 3 quantiles
-    assert stages["reduce quantile"] == int(held + 0.5 * 3 * ONE + 3 * ONE + 6 * 3 * ONE)
+    assert stages["reduce quantile"] == int(held + 0.5 * 3 * one + 3 * one + 6 * 3 * one)
+
+
+def test_deep_series_are_reduced_in_sub_blocks_that_keep_the_task_flat():
+    # 1024² chunks over 512² source tiles: 8 dates fit whole; deeper series in blocks of whole tiles, then strips
+    # of one tile's width, every task under budget.STRIP_TARGET_BYTES (64 MiB) + the chunk's result (1 plane)
+    shape = _shape("median")
+    tiled = dict(source_tile=(512, 512))
+    blocks = {n: budget.estimate(shape, _inputs(n_time=n, **tiled)) for n in (8, 16, 36, 73, 365)}
+    assert {n: r.sub_block for n, r in blocks.items()} == {
+        8: (0, 0), 16: (512, 1024), 36: (512, 512), 73: (256, 512), 365: (74, 512)}
+    for n, report in blocks.items():
+        assert report.peak_task_bytes <= budget.STRIP_TARGET_BYTES + ONE, n
+    # a sub-block holds one item, its own series and temporaries, and the whole chunk's result (1 plane)
+    rows, cols = blocks[36].sub_block
+    part = rows * cols * 4
+    stages = {s.stage: s.bytes_per_task for s in blocks[36].stages}
+    assert stages["load"] == rows * cols * 5
+    assert stages["mask"] == rows * cols * 5 + 36 * part + ONE + 6 * part
+    assert stages["reduce median"] == int(rows * cols * 5 + 36 * part + ONE + 0.1 * 36 * part + part)
+    # the whole chunk at 73 dates would hold 4.9x the sub-blocked task
+    assert ITEM + 73 * ONE + 6 * ONE > 4.5 * blocks[73].peak_task_bytes
+    # no source tiles known: the fewest equal full-width strips that fit
+    assert budget.estimate(shape, _inputs(n_time=36)).sub_block == (342, 1024)
+    # the tree and series paths hold one time chunk and have no sub-blocks
+    assert budget.estimate(shape, _inputs(n_time=36, chunk_time=4)).sub_block == (0, 0)
+    assert budget.estimate(_shape(None), _inputs(n_time=36)).sub_block == (0, 0)
 
 
 def test_cog_client_is_budgeted_and_checked_against_the_machine():
@@ -295,10 +329,13 @@ def test_validate_states_its_assumptions(tmp_path):
 
 
 def test_validate_does_not_refuse_what_narrower_loads_fit_and_says_why(tmp_path):
-    # 24 dates × 2048² × 3 assets as float32 = 1.2 GB of block per task, × 2 threads > 0.5 × 6 GB;
-    # as uint16/uint8 (what Sentinel-2 items declare) it fits: validate must not refuse what plan accepts
+    # the date series of 4096² chunks, one date a task: one item's 3 assets as float32 are 201 MB per task more than
+    # as uint8, × 2 threads: 1.71 GB > 0.5 × 3.1 GB; as uint16/uint8 (what Sentinel-2 items declare) it fits (1.40
+    # GB): validate must not refuse what plan accepts
+    series = (SPEC.replace("reduce: {method: median}\n", "").replace("y: 2048, x: 2048", "y: 4096, x: 4096")
+              .replace("chunks: {time: -1", "chunks: {time: 1"))
     path = tmp_path / "s.yaml"
-    path.write_text(SPEC.replace("memory_limit: 6GB", "memory_limit: 4.5GB"))
+    path.write_text(series.replace("memory_limit: 6GB", "memory_limit: 3.1GB"))
     loaded = load_spec_text(path.read_text(), path=path)
     conservative = budget.estimate(budget.pipeline_shape(loaded.spec), make_plan(loaded.spec).report.inputs)
     assert not conservative.ok  # over budget with float loads
@@ -307,7 +344,7 @@ def test_validate_does_not_refuse_what_narrower_loads_fit_and_says_why(tmp_path)
     assert "over budget if the assets load as float32" in result.output
     assert "`rasterflow plan` reads the items' data types and decides" in result.output
     # and a spec over budget even with uint8 loads is refused (exit 3) naming the assumption
-    path.write_text(SPEC.replace("memory_limit: 6GB", "memory_limit: 1.5GB"))
+    path.write_text(series.replace("memory_limit: 6GB", "memory_limit: 2GB"))
     result = CliRunner().invoke(cli, ["validate", str(path)])
     assert result.exit_code == 3, result.output
     assert "assumed: assets loaded as float32" in result.output
@@ -330,25 +367,25 @@ def _apply(spec: Spec, fix: budget.Fix) -> Spec:
 
 
 def test_fix_sections_are_complete_and_pin_the_checked_layout():
-    spec = load_spec_text(SPEC.replace("memory_limit: 6GB", "memory_limit: 2.2GB")
+    spec = load_spec_text(SPEC.replace("memory_limit: 6GB", "memory_limit: 0.9GB")
                           .replace("max_items: 24", "max_items: 8")).spec
     report = _checked(spec)
     assert not report.ok
     thread_fix = next(f for f in report.fixes if "threads_per_worker" in f.description)
     pasted = yaml.safe_load(budget.fix_text(spec, thread_fix))
     # the whole cluster section: the spec's own gdal_cachemax and the checked n_workers / memory_limit stay
-    assert pasted["cluster"] == {"n_workers": 1, "threads_per_worker": 1, "memory_limit": int(2.2 * GB),
+    assert pasted["cluster"] == {"n_workers": 1, "threads_per_worker": 1, "memory_limit": int(0.9 * GB),
                                  "gdal_cachemax": "64MB"}
 
 
 @pytest.mark.parametrize("change", [
-    {"memory_limit: 6GB": "memory_limit: 2.2GB", "max_items: 24": "max_items: 8"},
+    {"memory_limit: 6GB": "memory_limit: 0.9GB", "max_items: 24": "max_items: 8"},
     {"memory_limit: 6GB": "memory_limit: 1.5GB", "gdal_cachemax: 64MB": "gdal_cachemax: 512MB",
      "y: 2048, x: 2048": "y: 256, x: 256"},
     {"memory_limit: 6GB": "memory_limit: 700MB", "max_items: 24": "max_items: 200",
      "y: 2048, x: 2048": "y: 256, x: 256", "threads_per_worker: 2": "threads_per_worker: 1"},
     {"chunks: {time: -1": "chunks: {time: 6", "memory_limit: 6GB": "memory_limit: 2GB"},
-    {"dtype: float32": "dtype: float64", "memory_limit: 6GB": "memory_limit: 3GB"},
+    {"dtype: float32": "dtype: float64", "memory_limit: 6GB": "memory_limit: 1.3GB"},
 ])
 def test_every_fix_pasted_into_its_spec_passes_with_the_same_peak(change):
     text = SPEC
@@ -407,8 +444,8 @@ def test_a_fix_runs_within_its_limit_on_a_local_cluster(sample, tmp_path):
     minx, miny, maxx, maxy = sample.bounds
     text = spec_text(sample, reduce="{method: mean}", chunks="{time: -1, y: 1024, x: 1024}", output="out/r.zarr",
                      cluster="{n_workers: 1, threads_per_worker: 2, memory_limit: 800MB, gdal_cachemax: 256MB}")
-    # 2.5 m pixels over the 256² sample: a 1024² output read through the warp, as float64
-    text = text.replace("resolution: 10", "resolution: 2.5").replace("crs: EPSG:32633", "crs: EPSG:32633\n  dtype: float64")
+    # 1.25 m pixels over the 256² sample: a 2048² output (4 chunks, 2 at once) read through the warp, as float64
+    text = text.replace("resolution: 10", "resolution: 1.25").replace("crs: EPSG:32633", "crs: EPSG:32633\n  dtype: float64")
     path.write_text(text)
     result = CliRunner().invoke(cli, ["plan", str(path), "--fix"])
     assert result.exit_code == 3, result.output

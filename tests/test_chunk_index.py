@@ -156,7 +156,7 @@ def test_tasks_hold_only_the_items_meeting_their_chunk(four_tiles, tmp_path):
     windows = {(i, j): (rows, cols) for i, j, rows, cols in _windows(plan)}
     sizes = []
     for key, task in tasks.items():
-        function, job, rows, cols, program, view = task
+        function, job, rows, cols, program, view, *_ = task
         assert function is graph.chunk_reduce and isinstance(job, ReadJob)
         i, j = key[-2:]
         assert (rows, cols) == windows[(i, j)]
@@ -272,12 +272,14 @@ def test_budget_time_depth_is_the_most_items_of_one_chunk(row_of_tiles, tmp_path
     assert plan.chunk_index.most_items == 8 < len(plan.items) == 16
     assert inputs.items_per_task == 8 and inputs.n_time == 16
     load = plan.report.stages[0]
-    assert load.stage == "load" and "× 8 items" in load.detail
+    assert load.stage == "load" and "8 items one by one" in load.detail
     task = budget.task_shapes(plan.shape, inputs)[0]
     assert (task.items, task.dates) == (8, 8)
-    # the same job as if every item met every chunk (the model before the index): twice the load block
+    # the same job as if every item met every chunk (the model before the index): a series of 16 dates, not 8
     flat = budget.estimate(plan.shape, dataclasses.replace(inputs, chunk_depth=None))
-    assert flat.stages[0].bytes_per_task == 2 * load.bytes_per_task
+    mask = next(s for s in plan.report.stages if s.stage == "mask")
+    flat_mask = next(s for s in flat.stages if s.stage == "mask")
+    assert flat_mask.bytes_per_task - mask.bytes_per_task == 8 * 32 * 32 * 4
     assert flat.peak_per_worker > plan.report.peak_per_worker
 
 
@@ -382,3 +384,23 @@ def test_plan_json_carries_the_task_depth_and_the_cost(row_of_tiles, tmp_path):
     assert cost["pixels_read"] == 4 * 3 * 4 * 64 * 64 == 4 * 3 * height * width
     assert cost["bytes_read"] == 4 * 4 * 64 * 64 * (2 + 2 + 1)  # red, nir uint16; scl uint8
     assert cost["wall_seconds"] > 0
+
+
+# ---- sub-blocks -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block", [(7, 13), (40, 9), (16, 40)])
+@pytest.mark.parametrize("case", list(CASES))
+def test_sub_blocks_give_the_whole_chunks_result(four_tiles, without_july_tile0, tmp_path, case, block):
+    """A fused task reduced in sub-blocks (``budget.sub_block``: deep series) is bit for bit the task reduced whole,
+    for sub-blocks that divide the 40² chunks and ones that leave a remainder, at the edge chunks too."""
+    options = dict(CASES[case])
+    catalog = without_july_tile0 if options.pop("missing", False) else None
+    plan = _plan(four_tiles, tmp_path, catalog=catalog, **options)
+    assert plan.report.sub_block == (0, 0)
+    blocked = dataclasses.replace(plan, report=dataclasses.replace(plan.report, sub_block=block))
+    tasks = _fused_tasks(graph.build_dataset(blocked)[plan.program.band_names[0]].data)
+    assert tasks and all(task[-1] == block for task in tasks.values())
+    dataset = graph.build_dataset(blocked).compute(scheduler="synchronous")
+    for name, expected in _all_items_result(plan).items():
+        np.testing.assert_array_equal(dataset[name].values, expected, err_msg=name)

@@ -439,3 +439,20 @@ def test_integer_asset_without_nodata_keeps_coverage():
                             scale=np.ones((1, 1)), offset=np.zeros((1, 1)))
     values = kernels.working_plane(planes, 0, 0, np.dtype("float32"))
     assert values[0, 0] == 0 and values[0, 1] == 7 and np.isnan(values[0, 2])
+
+
+def test_local_files_are_opened_without_gdals_per_file_cache(monkeypatch):
+    """GDAL's VSI cache (VSI_CACHE_SIZE per open file, kept for the job) helps remote reads only; a local file gets
+    none, so a deep series' open files cost half the memory (benchmarks/README.md); the environment still decides."""
+    from rasterflow.gdalenv import VSI_CACHE_SIZE
+    from rasterflow.read.datasets import open_options
+    from rasterflow.read.policy import policy_from_spec
+
+    monkeypatch.delenv("VSI_CACHE", raising=False)
+    policy = policy_from_spec(None)
+    assert open_options("/data/S2A/red.tif", policy)["VSI_CACHE"] == "FALSE"
+    for href in ("https://example.com/red.tif", "s3://bucket/red.tif", "/vsicurl/https://example.com/red.tif"):
+        options = open_options(href, policy)
+        assert (options["VSI_CACHE"], options["VSI_CACHE_SIZE"]) == ("TRUE", str(VSI_CACHE_SIZE)), href
+    monkeypatch.setenv("VSI_CACHE", "TRUE")
+    assert "VSI_CACHE" not in open_options("/data/S2A/red.tif", policy)  # GDAL reads the environment's own

@@ -364,3 +364,34 @@ def test_group_by_solar_day_median_per_month(two_tile_sample, tmp_path):
     ds = _open_zarr(tmp_path / "out" / "m.zarr")
     for month in ds["period"].values:
         assert_same(ds["ndvi"].sel(period=month).values, reduce_reference(expected[labels == month], "median"))
+
+
+def test_a_deep_chunk_is_reduced_in_sub_blocks_on_real_workers(sample, tmp_path):
+    """A 2048² chunk of 8 dates (the sample warped to 1.25 m: every source pixel an 8 x 8 block) is over the
+    per-task target, so ``plan`` cuts it into sub-blocks of whole source tiles; the run on a LocalCluster equals the
+    NumPy median of the native pixels, repeated 8 x 8 (nearest neighbour), and its workers stay within the plan."""
+    from conftest import spec_text
+
+    text = spec_text(sample, reduce="{method: median, period: month}", chunks="{time: -1, y: 2048, x: 2048}",
+                     output="out/deep.zarr").replace("resolution: 10", "resolution: 1.25")
+    spec = tmp_path / "deep.yaml"
+    spec.write_text(text)
+    planned = CliRunner().invoke(cli, ["plan", str(spec), "--json"])
+    assert planned.exit_code == 0, planned.output
+    budget = json.loads(planned.output)["budget"]
+    rows, cols = budget["sub_block"]
+    assert 0 < rows < 2048 and 0 < cols <= 2048 and rows % 128 == 0 and cols % 128 == 0  # whole 128² source tiles
+    assert budget["peak_task_bytes"] < 2048 * 2048 * 4 * 8  # below one band's whole 8-date series
+    code, output = _run(spec)
+    assert code == 0, output
+    report = _report(tmp_path / "out" / "deep.zarr")
+    items = load_items(sample, report["item_ids"])
+    series = masked_ndvi(items)
+    labels = np.array(months(items))
+    ds = _open_zarr(tmp_path / "out" / "deep.zarr")
+    assert len(ds["period"]) >= 3
+    for label in ds["period"].values:
+        native = reduce_reference(series[labels == str(label)], "median")
+        expected = np.repeat(np.repeat(native, 8, axis=0), 8, axis=1)
+        assert_same(ds["ndvi"].sel(period=label).values, expected)
+    assert max(report["measured_peak_per_worker"].values()) <= report["predicted_peak_per_worker"] * 1.25

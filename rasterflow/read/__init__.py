@@ -23,14 +23,14 @@ from typing import Any
 import numpy as np
 
 from rasterflow.errors import SourceMismatchError, SourceReadError
-from rasterflow.kernels import Planes
+from rasterflow.kernels import ItemStream, Planes
 from rasterflow.read.datasets import GDAL_OPEN_OPTIONS, failure_error, forget, open_source, reason, warped_source
 from rasterflow.read.policy import ReadPolicy, current_policy, failed_before, record_failure, record_retry
 from rasterflow.read.remote import Failure, ReadFailedError, classify
 from rasterflow.retry import retrying
 from rasterflow.sources import AssetRead, AssetSource, FileHeader, grid_offset
 
-__all__ = ["ReadJob", "read_planes", "read_asset", "read_header", "header_reader", "GDAL_OPEN_OPTIONS"]
+__all__ = ["ReadJob", "read_planes", "item_stream", "read_asset", "read_header", "header_reader", "GDAL_OPEN_OPTIONS"]
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,17 @@ def read_planes(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int]) -> P
                     nodata[t, a] = math.nan if fill is None else fill
                     scale[t, a], offset[t, a] = 1.0, 0.0
     return Planes(raw=tuple(raw), covered=tuple(covered), nodata=nodata, scale=scale, offset=offset)
+
+
+def item_stream(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int]) -> ItemStream:
+    """The window ``rows`` x ``cols`` of ``job``'s items, each read (as :func:`read_planes` reads it) when the kernel
+    asks for it: a task then holds one item's raw values at a time, not every item's."""
+
+    def read(t: int) -> Planes:
+        return read_planes(ReadJob(reads=(job.reads[t],), assets=job.assets, grid=job.grid,
+                                   resampling=job.resampling), rows, cols)
+
+    return ItemStream(n_items=len(job.reads), spatial_shape=(rows[1] - rows[0], cols[1] - cols[0]), read=read)
 
 
 class _Tries:

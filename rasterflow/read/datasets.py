@@ -9,6 +9,7 @@ silently wrong read.
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -16,10 +17,10 @@ from typing import Any
 from rasterflow.errors import SourceMismatchError, SourceReadError
 from rasterflow.gdalenv import REMOTE_READ_DEFAULTS, VSI_CACHE_SIZE  # noqa: F401  (VSI_CACHE_SIZE: re-exported)
 from rasterflow.read.policy import ReadPolicy, current_policy
-from rasterflow.read.remote import Failure, ReadFailedError, cache_busting_options, classify, vsi_path
+from rasterflow.read.remote import Failure, ReadFailedError, cache_busting_options, classify, is_remote, vsi_path
 from rasterflow.sources import AssetRead
 
-__all__ = ["MAX_OPEN_PER_THREAD", "GDAL_OPEN_OPTIONS", "open_source", "warped_source", "reason", "clear_cache",
+__all__ = ["MAX_OPEN_PER_THREAD", "GDAL_OPEN_OPTIONS", "open_options", "open_source", "warped_source", "reason", "clear_cache",
            "open_count", "forget", "failure_error"]
 
 MAX_OPEN_PER_THREAD = 512
@@ -101,6 +102,18 @@ def _signed(read: AssetRead, policy: ReadPolicy) -> str:
     return get_signer(policy.sign)(read.href)
 
 
+def open_options(href: str, policy: ReadPolicy, *, fresh_href: str | None = None) -> dict[str, str]:
+    """The GDAL config options :func:`open_source` opens ``href`` with: the run's read options; for a retry
+    (``fresh_href``: the href as opened, signed) those that make GDAL forget the file; for a local file no per-file
+    cache (``VSI_CACHE``), unless the environment sets one: the OS page cache serves local reads, and GDAL's cache
+    would add ``VSI_CACHE_SIZE`` to every file a thread keeps open (1.7 MB per open file with it, 0.9 MB without,
+    measured on the season benchmark; benchmarks/README.md)."""
+    options = {**policy.gdal_options(), **(cache_busting_options(fresh_href) if fresh_href else {})}
+    if not is_remote(href) and "VSI_CACHE" not in os.environ:
+        options["VSI_CACHE"] = "FALSE"
+    return options
+
+
 def open_source(read: AssetRead, *, fresh: bool = False, policy: ReadPolicy | None = None,
                 previous: Failure | None = None) -> Any:
     """The open, checked rasterio dataset of ``read.href`` (cached in this thread).
@@ -123,7 +136,7 @@ def open_source(read: AssetRead, *, fresh: bool = False, policy: ReadPolicy | No
         raise SourceReadError(f"{read.describe()}: the asset has no href")
     signed = _signed(read, policy)
     path = vsi_path(signed)
-    options = {**policy.gdal_options(), **(cache_busting_options(signed) if fresh else {})}
+    options = open_options(read.href, policy, fresh_href=signed if fresh else None)
     try:
         with rasterio.Env(**options):
             dataset = rasterio.open(path)
