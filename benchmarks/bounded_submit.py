@@ -10,6 +10,15 @@ time, peak RSS above the baseline taken after the dataset is built (the client) 
 scheduler), the scheduler's most tasks at once (a scheduler plugin), and the values checked against NumPy.
 
     .venv/bin/python benchmarks/bounded_submit.py --blocks 20000
+
+``--graph``: the client's graph before the first block is written (issue 13, step 4, "build the graph lazily per
+batch"), no cluster: ``tracemalloc`` around ``graph.build_dataset`` of ``benchmarks/plan_scale.py``'s synthetic job
+(10 tiles × ``--dates``, a masked NDVI median by solar day) at chunk sizes giving ~2,500 / 10,000 / 40,000 chunks,
+and around the first batch's graph (``write.submit.BlockGraph``, 16 blocks). *before*: the layers as the former
+``build_dataset`` held them (every read task made and stored in a dict, each band cut out by Dask's slicing and
+rechunking); *after*: the lazy layers (``layers.TaskLayer``: a task is made when a batch asks for it).
+
+    .venv/bin/python benchmarks/bounded_submit.py --graph --dates 73
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -184,11 +194,115 @@ def run(variant: str, ny: int, nx: int, root: Path) -> dict:
             "scheduler_peak_tasks": peak_tasks, "identical": identical}
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# --graph: the client's graph, before and after the lazy layers
+
+GRAPH_CHUNKS = {2_500: 704, 10_000: 352, 40_000: 176}
+"""Target chunks -> chunk edge on the 10-tile grid (30,744 × 40,626 px): 2,552, 10,208 and 40,425 chunks."""
+
+
+def _plan_scale():
+    spec = importlib.util.spec_from_file_location("plan_scale", HERE / "plan_scale.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def former_dataset(plan):
+    """The Dataset's graph as ``graph.build_dataset`` built it before: the read layer materialised (a dict of every
+    chunk's task, the tasks identical: tests/test_lazy_graph.py), each band a Dask slice of it, rechunked to the
+    user's dims. Fused path only (the job here)."""
+    import dask.array as da
+    import xarray as xr
+    from dask.highlevelgraph import HighLevelGraph
+
+    from rasterflow import graph
+
+    lazy = graph.build_dataset(plan)
+    layers = lazy[plan.program.band_names[0]].data.__dask_graph__().layers
+    name = next(n for n, layer in layers.items() if layer[next(iter(layer))][0] is graph.chunk_reduce)
+    chunks = layers[name].collection_annotations["chunks"]
+    root = da.Array(HighLevelGraph.from_collections(name, dict(layers[name]), dependencies=()), name, chunks,
+                    meta=np.empty((0,) * len(chunks), dtype=plan.program.dtype))
+    variables = {band: graph._reduced_dims(root[:, :, b], bool(plan.period_labels), plan.quantile_dim)
+                 for b, band in enumerate(plan.program.band_names)}
+    return xr.Dataset(variables, coords=lazy.coords)
+
+
+def _traced(function, *args) -> tuple[Any, int, float]:
+    import tracemalloc
+
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        value = function(*args)
+        return value, tracemalloc.get_traced_memory()[0], time.perf_counter() - started
+    finally:
+        tracemalloc.stop()
+
+
+def graph_memory(targets: list[int], dates: int, variants: list[str]) -> list[dict]:
+    """Per target chunk count and variant: client bytes of ``build_dataset`` and of the first batch's graph."""
+    from rasterflow import graph
+    from rasterflow.run import plan_command
+    from rasterflow.spec import load_spec
+    from rasterflow.write.submit import BlockGraph
+
+    bench = _plan_scale()
+    rows = []
+    for target in targets:
+        chunk = GRAPH_CHUNKS.get(target) or int(round((30_744 * 40_626 / target) ** 0.5))
+        spec = bench.write_job(bench.DATA / f"t10_d{dates}", 10, dates, chunk=chunk)
+        plan = plan_command(load_spec(spec)).plan
+        graph.build_dataset(plan)  # imports and first-call caches: not the graph's cost
+        for variant in variants:
+            build = graph.build_dataset if variant == "after" else former_dataset
+            dataset, nbytes, seconds = _traced(build, plan)
+            array = dataset["ndvi"].data
+            ny, nx = array.numblocks[-2:]
+            keys = [(array.name, ny // 2, j) for j in range(min(16, nx))]
+            tasks, batch_bytes, batch_seconds = _traced(lambda a=array, k=keys: BlockGraph([a])(k))
+            assert set(keys) <= set(tasks)
+            rows.append({"variant": variant, "chunks": ny * nx, "chunk": chunk, "dates": dates, "build_bytes": nbytes,
+                         "build_mb": round(nbytes / 1e6, 2), "bytes_per_chunk": round(nbytes / (ny * nx)),
+                         "build_s": round(seconds, 2), "batch_kb": round(batch_bytes / 1e3),
+                         "batch_s": round(batch_seconds, 3), "items_per_task": plan.report.inputs.items_per_task})
+            print(json.dumps(rows[-1]), flush=True)
+            del dataset, array, tasks
+    return rows
+
+
+def print_graph_table(rows: list[dict]) -> None:
+    print(f"\nclient graph of graph.build_dataset ({rows[0]['dates']} dates x 10 tiles, solar-day median, 1 band; "
+          f"tracemalloc), and of the first batch (16 blocks, BlockGraph)\n")
+    print("| chunks | chunk | items per task | variant | build_dataset | per chunk | per chunk added | build time | "
+          "first batch | batch time |")
+    print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    smallest: dict[str, dict] = {}
+    for r in rows:
+        first = smallest.setdefault(r["variant"], r)
+        added = (f"{(r['build_bytes'] - first['build_bytes']) / (r['chunks'] - first['chunks']):,.0f} B"
+                 if r["chunks"] > first["chunks"] else "")
+        print(f"| {r['chunks']:,} | {r['chunk']} | {r['items_per_task']} | {r['variant']} | {r['build_mb']} MB | "
+              f"{r['bytes_per_chunk']:,} B | {added} | {r['build_s']} s | {r['batch_kb']} kB | "
+              f"{r['batch_s'] * 1e3:.0f} ms |")
+    print("\n(per chunk: build_dataset's bytes / chunks, with the grid's coordinates, ~1.8 MB whatever the chunks; "
+          "per chunk added: the growth from the smallest job, the graph's own cost per chunk)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--blocks", type=int, default=20_000, help="blocks of the job (rounded to a 2:1 grid)")
     parser.add_argument("--variants", default="before,after")
+    parser.add_argument("--graph", action="store_true", help="the client's graph before the write (no cluster)")
+    parser.add_argument("--chunks", default="2500,10000,40000", help="--graph: chunk counts to build")
+    parser.add_argument("--dates", type=int, default=73, help="--graph: dates per tile of the synthetic job")
     args = parser.parse_args()
+    if args.graph:
+        print_graph_table(graph_memory([int(c) for c in args.chunks.split(",")], args.dates,
+                                       args.variants.split(",")))
+        return
     ny = max(1, int(round((args.blocks / 2) ** 0.5)))
     nx = max(1, args.blocks // ny)
     root = Path(tempfile.mkdtemp(prefix="rasterflow-bench-bounded-"))

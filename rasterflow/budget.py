@@ -182,15 +182,18 @@ NARROWEST_LOAD = "uint8"
 
 MIN_CHUNK_BYTES = 16 * 10**6
 MIN_TASKS_FOR_LARGE_JOB = 1_000
-MAX_TASKS = 2_000_000
-"""Tasks above which the client's graph is refused. The writers submit in bounded batches (``write.submit``: the
-scheduler holds the tasks of a few blocks per worker thread, whatever the job), but the client still builds and
-holds the graph of every chunk (``graph.build_dataset``: a read task per chunk, a selection per band) before the
-first block is written: :data:`GRAPH_BYTES_PER_TASK` each, so ~2 GB here."""
-GRAPH_BYTES_PER_TASK = 1_000
-"""Client memory of the graph per counted task (:func:`estimate_task_count`), measured 2026-12-03 with
-``tracemalloc`` around ``graph.build_dataset`` of a 1-band median plan: +16 MB from 2,500 to 10,000 chunks, 2.1 KB
-per chunk = 0.7 KB per task (3 tasks per chunk), rounded up; the write tasks are made per batch and not held."""
+MAX_TASKS = 6_000_000
+"""Tasks above which a job is refused for what the client holds per chunk. The writers submit in bounded batches
+(``write.submit``: the scheduler holds the tasks of a few blocks per worker thread) and the graph's layers make a
+task only when a batch asks for it (``layers.TaskLayer``), but the client still holds, per chunk, the plan's chunk
+index (the items of every chunk) and, with ``output.tiling``, every tile's window of the Dataset:
+:data:`GRAPH_BYTES_PER_TASK` each, so ~1.8 GB here."""
+GRAPH_BYTES_PER_TASK = 300
+"""Client memory per counted task (:func:`estimate_task_count`), measured 2026-12-03 with ``tracemalloc``
+(benchmarks/bounded_submit.py ``--graph``): the graph itself is O(1) per chunk since the lazy layers (1.3 B per
+added chunk, was 8.2 KB at 292 items per task); what remains is the chunk index, ~5 B per (item, chunk) pair (~110 B
+per task at 292 items per chunk), and the tiles' windows, ~440 B per chunk and band (~150 B per task); rounded
+up."""
 LARGE_JOB_BYTES = 10 * 10**9
 SMALL_JOB_BYTES = 10**9
 """Below this much input, small chunks cost little; the small-chunk warning would only be noise."""
@@ -869,10 +872,10 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
     total_bytes = inputs.plane_bytes * inputs.n_spatial_chunks * inputs.n_time_chunks * max(1, len(shape.assets_loaded))
     if tasks > MAX_TASKS:
         refusals.append(
-            # not the scheduler: it holds only the blocks in flight (bounded submission, write.submit); the client
-            # builds the graph of every chunk up front (issue 13, step 4)
-            f"about {tasks:,} tasks: above ~{MAX_TASKS:,} the graph this process builds before the first block "
-            f"is written would take ~{format_bytes(tasks * GRAPH_BYTES_PER_TASK)} "
+            # not the scheduler: it holds only the blocks in flight (bounded submission, write.submit), and the
+            # graph's tasks are made per batch (layers.TaskLayer); the plan's per-chunk tables are what grows
+            f"about {tasks:,} tasks: above ~{MAX_TASKS:,} what this process holds per chunk (the plan's chunk "
+            f"index, the tiles' windows) would take ~{format_bytes(tasks * GRAPH_BYTES_PER_TASK)} "
             f"(~{format_bytes(GRAPH_BYTES_PER_TASK)} per task; the scheduler holds only the blocks in flight); "
             f"use larger chunks ({_chunk_for_tasks(inputs, shape, 200_000)} keeps it near 200,000)"
         )

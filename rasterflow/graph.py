@@ -6,13 +6,16 @@ With time whole (the default) the read, mask, bands and reduction of a spatial c
 all workers and no data moves between them. Each task carries only the items whose files meet its chunk (the
 plan's :class:`~rasterflow.plan.ChunkIndex`) and, of those, the asset reads whose files cover it; it reads them one
 item at a time and, for a deep series, reduces its chunk in sub-blocks (the budget's ``sub_block``), so its memory
-does not grow with the dates.
+does not grow with the dates. Every array's layer is a :class:`~rasterflow.layers.TaskLayer`: a task is made when a
+writer's batch asks for it, so the client holds no task per chunk (issue 13, step 4).
 The graph is built from the plan alone (:class:`~rasterflow.plan.JobPlan`), with Dask's public API.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import dask
 import dask.array as da
@@ -23,6 +26,7 @@ from dask.highlevelgraph import HighLevelGraph
 from rasterflow import kernels
 from rasterflow.plan import JobPlan
 from rasterflow.read import ReadJob, item_stream
+from rasterflow.layers import TaskLayer
 
 __all__ = ["build_dataset", "chunk_reduce", "chunk_bands", "read_jobs", "local_read_job"]
 
@@ -95,11 +99,66 @@ def _one_box(plan: JobPlan) -> list[bool]:
     return [len({read.footprint for read in reads}) == 1 for reads in plan.sources.reads]
 
 
+class _ChunkTasks:
+    """The task of block ``(time chunk, 0.., y chunk, x chunk)`` of :func:`_task_array`:
+    ``(function, job, rows, cols, program, view, *extra)``, the job holding the items the plan's chunk index puts
+    on the chunk (every item of the time chunk, the files missing the window None, without an index)."""
+
+    def __init__(self, plan: JobPlan, function: Any, item_edges: list[tuple[int, int]],
+                 y_chunks: tuple[int, ...], x_chunks: tuple[int, ...], extra: tuple):
+        program = plan.program
+        assert program is not None
+        self.plan, self.function, self.program, self.extra = plan, function, program, extra
+        self.item_edges, self.rows, self.cols = item_edges, _bounds(y_chunks), _bounds(x_chunks)
+        self.n_items = len(plan.items)
+        self.index = plan.chunk_index
+        self.one_box = _one_box(plan) if self.index is not None else None
+        self.step_of = None
+        if program.steps:
+            self.step_of = np.zeros(self.n_items, dtype=np.int64)
+            for d, indices in enumerate(program.steps):
+                self.step_of[list(indices)] = d
+
+    def __call__(self, block: tuple[int, ...]) -> tuple:
+        k, i, j = block[0], block[-2], block[-1]
+        (t0, t1), rows, cols = self.item_edges[k], self.rows[i], self.cols[j]
+        if self.index is None:
+            return (self.function, read_jobs(self.plan, slice(t0, t1), rows, cols), rows, cols, self.program, None,
+                    *self.extra)
+        local = self.index.items_of(i, j)
+        if t0 > 0 or t1 < self.n_items:
+            local = local[np.searchsorted(local, t0):np.searchsorted(local, t1)]
+        items = local.tolist()
+        view = kernels.task_items(self.program, items, t0, t1 - t0, self.step_of)
+        return (self.function, local_read_job(self.plan, items, rows, cols, self.one_box), rows, cols, self.program,
+                view, *self.extra)
+
+
+class _Selection:
+    """The task of block ``(*lead, y chunk, x chunk)`` of one band cut out of a task array (:func:`_select`):
+    ``(operator.getitem, source block, index)``, ``leads[lead]`` giving the source block's leading indices and
+    the index into it."""
+
+    def __init__(self, source: str, leads: dict[tuple[int, ...], tuple[tuple[int, ...], tuple]]):
+        self.source, self.leads = source, leads
+
+    def __call__(self, block: tuple[int, ...]) -> tuple:
+        prefix, index = self.leads[block[:-2]]
+        return (operator.getitem, (self.source, *prefix, *block[-2:]), index)
+
+
+def _lazy_array(name: str, numblocks: tuple[int, ...], make: Callable[[tuple[int, ...]], tuple], chunks: tuple,
+                dtype: Any, dependencies: Sequence[Any] = ()) -> da.Array:
+    graph = HighLevelGraph.from_collections(name, TaskLayer(name, numblocks, make), dependencies=dependencies)
+    return da.Array(graph, name, chunks, meta=np.empty((0,) * len(chunks), dtype=dtype))
+
+
 def _task_array(plan: JobPlan, prefix: str, function: Any, time_chunks: tuple[int, ...], leading: tuple,
                 dtype: str, extra: tuple = ()) -> da.Array:
     """A Dask array with one independent task per (time chunk, y chunk, x chunk); each task holds only the items
     the plan's chunk index puts on its chunk (:class:`~rasterflow.kernels.TaskItems`); ``extra`` are more arguments
-    of ``function`` after the view."""
+    of ``function`` after the view. Its layer is a :class:`~rasterflow.layers.TaskLayer`: a task is made when
+    a writer's batch asks for it, so the client holds O(1) for the array, not O(chunks)."""
     program = plan.program
     assert program is not None, "a plan without items has no tasks"
     cy, cx = plan.chunks["y"], plan.chunks["x"]
@@ -109,36 +168,26 @@ def _task_array(plan: JobPlan, prefix: str, function: Any, time_chunks: tuple[in
     token = dask.base.tokenize(plan.name, [item.get("id") for item in plan.items], plan.grid, plan.chunks,
                                repr(program), plan.resampling)
     name = f"{prefix}-{token}"
-    layer: dict = {}
-    n_items = len(plan.items)
-    item_edges = _bounds(time_chunks) if not program.steps else [(0, n_items)]
     index = plan.chunk_index
     if index is not None and index.chunk_yx != (cy, cx):
         raise ValueError(f"the plan's chunk index is for chunks {index.chunk_yx}, its tasks are {(cy, cx)}")
-    one_box = _one_box(plan) if index is not None else None
-    step_of = None
-    if program.steps:
-        step_of = np.zeros(n_items, dtype=np.int64)
-        for d, indices in enumerate(program.steps):
-            step_of[list(indices)] = d
-    for k, (t0, t1) in enumerate(item_edges):
-        for i, rows in enumerate(_bounds(y_chunks)):
-            for j, cols in enumerate(_bounds(x_chunks)):
-                key = (name, k) + (0,) * (len(leading) - 1) + (i, j)
-                if index is None:
-                    layer[key] = (function, read_jobs(plan, slice(t0, t1), rows, cols), rows, cols, program, None,
-                                  *extra)
-                    continue
-                local = index.items_of(i, j)
-                if t0 > 0 or t1 < n_items:
-                    local = local[np.searchsorted(local, t0):np.searchsorted(local, t1)]
-                items = local.tolist()
-                view = kernels.task_items(program, items, t0, t1 - t0, step_of)
-                layer[key] = (function, local_read_job(plan, items, rows, cols, one_box), rows, cols, program, view,
-                              *extra)
+    item_edges = _bounds(time_chunks) if not program.steps else [(0, len(plan.items))]
     chunks = leading + (y_chunks, x_chunks)
-    graph = HighLevelGraph.from_collections(name, layer, dependencies=())
-    return da.Array(graph, name, chunks, meta=np.empty((0,) * len(chunks), dtype=dtype))
+    numblocks = (len(item_edges),) + (1,) * (len(leading) - 1) + (len(y_chunks), len(x_chunks))
+    make = _ChunkTasks(plan, function, item_edges, y_chunks, x_chunks, extra)
+    return _lazy_array(name, numblocks, make, chunks, dtype)
+
+
+def _select(source: da.Array, band_name: str, leads: dict[tuple[int, ...], tuple[tuple[int, ...], tuple]],
+            lead_chunks: tuple) -> da.Array:
+    """One band of a task array, as its own lazy layer (a :class:`~rasterflow.layers.TaskLayer` of
+    :class:`_Selection`): block ``(*lead, i, j)`` is ``source_block[index]`` with ``leads[lead] = (source leading
+    block, index)``, the leading dims chunked ``lead_chunks``. The same blocks as Dask's slicing and rechunking of
+    ``source`` would give, without their layers of O(chunks) tasks."""
+    name = f"rasterflow-{band_name}-{dask.base.tokenize(source.name, band_name, repr(leads))}"
+    numblocks = tuple(len(c) for c in lead_chunks) + source.numblocks[-2:]
+    return _lazy_array(name, numblocks, _Selection(source.name, leads), lead_chunks + source.chunks[-2:],
+                       source.dtype, dependencies=[source])
 
 
 def build_dataset(plan: JobPlan) -> xr.Dataset:
@@ -160,23 +209,24 @@ def build_dataset(plan: JobPlan) -> xr.Dataset:
     coords: dict[str, Any] = {"y": maxy - res * (np.arange(height) + 0.5), "x": minx + res * (np.arange(width) + 0.5)}
     n_bands = len(program.bands)
 
+    keep_period, keep_quantile = bool(plan.period_labels), plan.quantile_dim
     if program.reduce_method is None:
         bands = _task_array(plan, "rasterflow-bands", chunk_bands, item_chunks, (date_chunks, (n_bands,)),
                             program.dtype)
-        variables = {name: (("time", "y", "x"), bands[:, index].rechunk({0: 1}))
+        variables = {name: (("time", "y", "x"), _series_band(bands, index, name))
                      for index, name in enumerate(program.band_names)}
         coords["time"] = np.array([np.datetime64(t, "ns") for t in plan.times])
     elif len(item_chunks) == 1 or program.steps:
         fused = _task_array(plan, f"rasterflow-{program.reduce_method}", chunk_reduce, item_chunks,
                             ((program.n_groups,), (program.n_quantiles,), (n_bands,)), program.dtype,
                             (plan.report.sub_block,))
-        variables = {name: _reduced_dims(fused[:, :, index], bool(plan.period_labels), plan.quantile_dim)
+        variables = {name: _reduced_band(fused, index, name, keep_period, keep_quantile)
                      for index, name in enumerate(program.band_names)}
     else:
         bands = _task_array(plan, "rasterflow-bands", chunk_bands, item_chunks, (date_chunks, (n_bands,)),
                             program.dtype)
-        variables = {name: _reduced_dims(_tree_reduce(bands[:, index], program), bool(plan.period_labels),
-                                         plan.quantile_dim)
+        variables = {name: _reduced_dims(_tree_reduce(_time_chunked_band(bands, index, name), program), keep_period,
+                                         keep_quantile)
                      for index, name in enumerate(program.band_names)}
     if plan.period_labels:
         coords["period"] = np.array(plan.period_labels)
@@ -190,6 +240,40 @@ def build_dataset(plan: JobPlan) -> xr.Dataset:
         dataset[name].attrs["rasterflow_expression"] = expressions.get(name, "")
     dataset = dataset.rio.write_crs(plan.grid.crs).rio.write_transform(Affine(*plan.grid.transform))
     return dataset
+
+
+def _reduced_band(fused: da.Array, band: int, name: str, keep_period: bool, keep_quantile: bool):
+    """Band ``band`` of the fused ``(group, quantile, band, y, x)`` array with the dims a user expects (those of
+    :func:`_reduced_dims`: period only with a period, quantile only for a list, each chunked 1), as its own lazy
+    layer: block ``(p, q, i, j)`` is the fused block ``(i, j)`` at ``[p:p+1, q:q+1, band]``."""
+    groups, quantiles = fused.shape[0], fused.shape[1]
+    leads: dict[tuple[int, ...], tuple[tuple[int, ...], tuple]] = {}
+    for p in range(groups) if keep_period else (None,):
+        for q in range(quantiles) if keep_quantile else (None,):
+            lead = tuple(x for x in (p, q) if x is not None)
+            index = (0 if p is None else slice(p, p + 1), 0 if q is None else slice(q, q + 1), band)
+            leads[lead] = ((0, 0, 0), index)
+    dims = [d for d, keep in (("period", keep_period), ("quantile", keep_quantile)) if keep]
+    lead_chunks = tuple((1,) * n for n, keep in ((groups, keep_period), (quantiles, keep_quantile)) if keep)
+    return (*dims, "y", "x"), _select(fused, name, leads, lead_chunks)
+
+
+def _series_band(bands: da.Array, band: int, name: str) -> da.Array:
+    """Band ``band`` of the ``(date, band, y, x)`` series, one date per chunk (what ``bands[:, band].rechunk({0: 1})``
+    gives), as its own lazy layer."""
+    leads: dict[tuple[int, ...], tuple[tuple[int, ...], tuple]] = {}
+    for k, (t0, t1) in enumerate(_bounds(bands.chunks[0])):
+        for t in range(t0, t1):
+            leads[(t,)] = ((k, 0), (slice(t - t0, t - t0 + 1), band))
+    return _select(bands, name, leads, ((1,) * bands.shape[0],))
+
+
+def _time_chunked_band(bands: da.Array, band: int, name: str) -> da.Array:
+    """Band ``band`` of the ``(date, band, y, x)`` series, chunked in time as the series (``bands[:, band]``), as its
+    own lazy layer."""
+    leads: dict[tuple[int, ...], tuple[tuple[int, ...], tuple]] = {
+        (k,): ((k, 0), (slice(None), band)) for k in range(bands.numblocks[0])}
+    return _select(bands, name, leads, (bands.chunks[0],))
 
 
 def _reduced_dims(stacked: da.Array, keep_period: bool, keep_quantile: bool):

@@ -15,6 +15,7 @@ import pytest
 import rioxarray  # noqa: F401  (registers .rio)
 import xarray as xr
 from affine import Affine
+from dask.highlevelgraph import HighLevelGraph
 
 from rasterflow.errors import RunFailedError
 from rasterflow.write import write_cog, write_zarr
@@ -255,3 +256,92 @@ def test_the_local_path_is_bounded_too():
     assert written == 64
     assert [results[i] for i in range(64)] == [int(np.arange(4 * i, 4 * i + 4).sum()) for i in range(64)]
     assert state["most"] <= 4
+
+
+# ---- layers made on demand (issue 13, step 4: the graph built lazily per batch) -----------------------------------
+
+
+def test_task_layer_is_a_mapping_of_tasks_made_when_asked():
+    import dask
+
+    from rasterflow.layers import TaskLayer
+
+    made = []
+
+    def make(block):
+        made.append(block)
+        return (np.full, (2, 2), 10 * block[0] + block[1])
+
+    layer = TaskLayer("t", (3, 4), make)
+    assert len(layer) == 12 and list(layer)[:5] == [("t", 0, 0), ("t", 0, 1), ("t", 0, 2), ("t", 0, 3), ("t", 1, 0)]
+    assert ("t", 2, 3) in layer and ("t", np.int64(2), 3) in layer and not made
+    for outside in [("t", 3, 0), ("t", 0, -1), ("t", 0), ("u", 0, 0), ("t", 0.0, 0), ("t", True, 0), (0, 0), "t"]:
+        assert outside not in layer
+    band = da.Array(HighLevelGraph.from_collections("t", layer, dependencies=()), "t", ((2,) * 3, (2,) * 4),
+                    meta=np.empty((0, 0), dtype=float))
+    graph = BlockGraph([band])([("t", 1, 2)])
+    assert made == [(1, 2)] and len(graph) == 1
+    np.testing.assert_array_equal(dask.get(graph, [("t", 1, 2)])[0], np.full((2, 2), 12))
+    np.testing.assert_array_equal(band.compute(scheduler="synchronous"),
+                                  np.kron(10 * np.arange(3)[:, None] + np.arange(4), np.ones((2, 2))))
+
+
+def _stack_reference(arrays, nlead, dtype):
+    """The COG writer's cube as Dask builds it: stack, cast, rechunk to 1 along the leading dims."""
+    cube = da.stack([a.astype(dtype, copy=False) for a in arrays], axis=nlead)
+    return cube.rechunk({**{axis: 1 for axis in range(nlead)}, nlead: len(arrays)})
+
+
+@pytest.mark.parametrize("nlead", [0, 1, 2])
+def test_stack_blocks_is_dasks_stack_and_rechunk(nlead):
+    from rasterflow.layers import stack_blocks
+
+    rng = np.random.default_rng(7)
+    shape = (3, 2)[:nlead] + (50, 70)
+    values = [rng.normal(size=shape).astype(np.float32), rng.integers(-5, 5, size=shape).astype(np.int16),
+              rng.normal(size=shape)]
+    values[0][..., 3, 4] = np.nan
+    # leading chunks of 2 and 1 (the cube's blocks cut into them), spatial chunks with a remainder
+    arrays = [da.from_array(v, chunks=((2, 1), (1, 1))[:nlead] + (16, 32)) for v in values[:2]]
+    arrays.append(da.from_array(values[2], chunks=((1, 2), (2,))[:nlead] + (16, 32)))
+    dtype = np.result_type(*(a.dtype for a in arrays))
+    cube = stack_blocks(arrays, nlead, dtype)
+    expected = _stack_reference(arrays, nlead, dtype)
+    assert cube.chunks == expected.chunks and cube.dtype == expected.dtype == np.float64
+    np.testing.assert_array_equal(cube.compute(scheduler="synchronous"), expected.compute(scheduler="synchronous"))
+    np.testing.assert_array_equal(cube.compute(scheduler="synchronous"), np.stack(values, axis=nlead).astype(dtype))
+    # a block through BlockGraph, as the COG writer asks for it
+    key = (cube.name, *(0,) * nlead, 0, 3, 2)
+    block = dask_get(BlockGraph([cube])([key]), key)
+    np.testing.assert_array_equal(block, expected.blocks[(0,) * nlead + (0, 3, 2)].compute())
+    with pytest.raises(ValueError, match="same y and x chunks"):
+        stack_blocks([arrays[0], arrays[1].rechunk({nlead: 25})], nlead, dtype)
+
+
+def dask_get(graph, key):
+    import dask
+
+    return dask.get(graph, [key])[0]
+
+
+def test_stack_blocks_holds_nothing_per_block():
+    import tracemalloc
+
+    from rasterflow.layers import stack_blocks
+
+    side = 100  # 10,000 blocks per array
+    arrays = [da.ones((side * 4, side * 4), chunks=4, dtype=np.float32) * k for k in (1, 2, 3)]
+    tracemalloc.start()
+    cube = stack_blocks(arrays, 0, np.float32)
+    lazy = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    tracemalloc.start()
+    expected = _stack_reference(arrays, 0, np.float32)
+    dasks = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    print(f"3 x 10,000 blocks: stack_blocks {lazy / 1e3:.0f} kB, Dask's stack + rechunk {dasks / 1e6:.1f} MB")
+    assert lazy < 50_000 and dasks > 100 * lazy
+    key = (cube.name, 0, 50, 7)
+    np.testing.assert_array_equal(dask_get(BlockGraph([cube])([key]), key),
+                                  np.stack([np.full((4, 4), k, np.float32) for k in (1, 2, 3)]))
+    assert cube.chunks == expected.chunks

@@ -150,7 +150,7 @@ def test_task_count_grows_with_smaller_chunks():
 
 def test_too_many_tasks_refused_with_a_chunk_that_fixes_it():
     spec = _spec({"grid": {"crs": "EPSG:32633", "resolution": 10, "bounds": [0, 0, 1_500_000, 1_500_000]},
-                  "chunks": {"time": -1, "y": 128, "x": 128}})
+                  "chunks": {"time": -1, "y": 64, "x": 64}})
     report = make_plan(spec, layout=_layout(spec)).report
     assert not report.ok
     assert any("tasks" in r and "chunks.y = chunks.x =" in r for r in report.refusals)

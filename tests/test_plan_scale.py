@@ -169,14 +169,14 @@ def test_task_limit_refuses_with_the_reason_and_a_chunk_that_fits_the_limit(tmp_
     from rasterflow.budget import MAX_TASKS
 
     text = (SMALL_SPEC.replace("bounds: [0, 0, 1000, 1000]", "bounds: [0, 0, 1200000, 1200000]")
-            .replace("y: 50, x: 50", "y: 128, x: 128"))
+            .replace("y: 50, x: 50", "y: 64, x: 64"))
     spec = tmp_path / "many.yaml"
     spec.write_text(text.format(catalog=tmp_path / "items.json", output=tmp_path / "out.zarr"))
     plan = make_plan(load_spec(spec).spec, items=SMALL_ITEMS, layout=LAYOUT)
-    chunks = (120_000 // 128 + 1) ** 2
+    chunks = (-(-120_000 // 64)) ** 2
     assert plan.report.task_count == chunks * 3 + 10 > MAX_TASKS
     (refusal,) = [r for r in plan.report.refusals if "tasks" in r]
-    assert f"about {chunks * 3 + 10:,} tasks" in refusal and "the graph this process builds" in refusal
+    assert f"about {chunks * 3 + 10:,} tasks" in refusal and "what this process holds per chunk" in refusal
     side = int(refusal.split("chunks.y = chunks.x = ")[1].split()[0])
     # the chunk it proposes gives about 200,000 tasks, under the limit
     assert 100_000 < (-(-120_000 // side)) ** 2 * 3 + 10 < MAX_TASKS

@@ -6,12 +6,13 @@ per worker thread, :func:`in_flight_cap`); a new batch is submitted whenever hal
 futures of finished blocks are released at once, so the scheduler forgets their tasks.
 
 The graph of a batch is built from only that batch's blocks (:class:`BlockGraph`): starting from the batch's keys,
-each task is looked up in its own layer of the collections' high-level graphs (a dict lookup in a materialised layer;
-a :meth:`~dask.highlevelgraph.Layer.cull` to the requested blocks in a blockwise one, which is never materialised
-whole), its dependencies followed the same way, and the small result fused by Dask's array optimisation (the
-collection protocol's ``__dask_optimize__``). Building a batch therefore costs O(its tasks), whatever the size of the
-job: ``HighLevelGraph.cull`` would copy every task-spec layer once per batch (O(job) each time), and optimising the
-whole graph first would materialise every layer in the client.
+each task is looked up in its own layer of the collections' high-level graphs (a lookup in a mapping layer: a dict,
+or a :class:`~rasterflow.layers.TaskLayer` that makes the task when asked, as ``graph.build_dataset``'s layers do, so the client never
+holds the job's tasks; a :meth:`~dask.highlevelgraph.Layer.cull` to the requested blocks in a blockwise one, which is
+never materialised whole), its dependencies followed the same way, and the small result fused by Dask's array
+optimisation (the collection protocol's ``__dask_optimize__``). Building a batch therefore costs O(its tasks),
+whatever the size of the job: ``HighLevelGraph.cull`` would copy every task-spec layer once per batch (O(job) each
+time), and optimising the whole graph first would materialise every layer in the client.
 
 Blocks are grouped into *units* by the writer: the blocks of a unit share upstream tasks (e.g. every band and
 period of one spatial chunk comes out of one read-and-reduce task) and are always submitted together, so a shared
