@@ -30,15 +30,15 @@ float32, SCL 3/8/9/10 dropped, NDVI in float32, ``np.nanmedian`` over time), int
 sample's directory (``reference-median.npy``, the cache name ``common.numpy_reference`` uses); every result is
 compared with it window by window, so the driver never holds a whole band.
 
-Status: the full 10980² x 36 run has NOT been made. Run on 2026-12-03 at a quarter tile, 5490² x 36 (the machine
-was too busy to generate and run the full tile in the time; see "Season on one machine" in benchmarks/README.md):
-all results identical to the reference (GDAL within 3.3e-7); rasterflow's peak per worker 0.79 GB vs 0.39 GB for
-the 4096² x 8 job (target within 10%: not met, the chunk holds 36 dates); wall 3.3-5.6x the floor (target 1.5x:
-not met).
+Status: run on 2026-12-03 at the full tile, 10980² x 36 (commit d469468, quiet machine; benchmarks/README.md,
+"Season on one machine"): every result identical to the reference (GDAL within 3.3e-7); rasterflow -> Zarr 314 s,
+0.61x odc-stac+algo's and 0.45x GDAL's wall; peak per worker 0.39 GB vs 0.33 GB for the 4096² x 8 job (+19%, target
+10%: not met, the open files grow with the dates); wall 9.0x the read + decode floor (target 1.5x: not met, the
+per-pixel mask/NDVI/median is the cost).
 
 Usage::
 
-    python benchmarks/season.py                                    # 10980² x 36 (about an hour on 2 busy cores)
+    python benchmarks/season.py                                    # 10980² x 36 (~1 h to generate, 32 min to run, quiet)
     python benchmarks/season.py --size 1024 --dates 12 --no-peers  # a quick look
 """
 
