@@ -78,6 +78,14 @@ def sample_with_truncated_file(sample, tmp_path: Path, item_index: int, asset: s
 
 
 @pytest.fixture(scope="session")
+def four_tiles(tmp_path_factory):
+    """2 × 2 adjacent tiles of 96² px, 4 dates (three in June, one in July): 16 items."""
+    from rasterflow.sample import generate_sample
+
+    return generate_sample(tmp_path_factory.mktemp("four-tiles"), size=96, n_dates=4, tiles=(2, 2), blocksize=32)
+
+
+@pytest.fixture(scope="session")
 def two_tile_sample(tmp_path_factory):
     """Two adjacent tiles per date (128² px each, 4 dates): one pass covers both."""
     from rasterflow.sample import generate_sample

@@ -41,14 +41,6 @@ LAYOUT = WorkerLayout(n_workers=2, threads_per_worker=1, memory_limit=2 * 10**9,
 
 
 @pytest.fixture(scope="session")
-def four_tiles(tmp_path_factory):
-    """2 × 2 adjacent tiles of 96² px, 4 dates (three in June, one in July): 16 items."""
-    from rasterflow.sample import generate_sample
-
-    return generate_sample(tmp_path_factory.mktemp("four-tiles"), size=96, n_dates=4, tiles=(2, 2), blocksize=32)
-
-
-@pytest.fixture(scope="session")
 def row_of_tiles(tmp_path_factory):
     """1 × 4 adjacent tiles of 64² px, 4 dates: 16 items, a chunk meets at most two tiles' (8)."""
     from rasterflow.sample import generate_sample

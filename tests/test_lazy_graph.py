@@ -44,14 +44,6 @@ CHUNK = 40
 LAYOUT = WorkerLayout(n_workers=2, threads_per_worker=1, memory_limit=2 * 10**9, source="local")
 
 
-@pytest.fixture(scope="module")
-def tiles(tmp_path_factory):
-    """2 × 2 adjacent tiles of 96² px, 4 dates (three in June, one in July): 16 items."""
-    from rasterflow.sample import generate_sample
-
-    return generate_sample(tmp_path_factory.mktemp("lazy-tiles"), size=96, n_dates=4, tiles=(2, 2), blocksize=32)
-
-
 def _plan(sample, tmp_path: Path, **kwargs):
     spec = tmp_path / "spec.yaml"
     kwargs.setdefault("chunks", f"{{time: -1, y: {CHUNK}, x: {CHUNK}}}")
@@ -128,8 +120,8 @@ CASES = {
 
 @pytest.mark.parametrize("indexed", [True, False])
 @pytest.mark.parametrize("case", list(CASES))
-def test_lazy_layer_gives_the_materialised_layers_tasks(tiles, tmp_path, case, indexed):
-    plan = _plan(tiles, tmp_path, **CASES[case])
+def test_lazy_layer_gives_the_materialised_layers_tasks(four_tiles, tmp_path, case, indexed):
+    plan = _plan(four_tiles, tmp_path, **CASES[case])
     if not indexed:
         plan = dataclasses.replace(plan, chunk_index=None)
     name, layer = _root(graph.build_dataset(plan))
@@ -177,9 +169,9 @@ TREE = dict(chunks=f"{{time: 3, y: {CHUNK}, x: {CHUNK}}}", reduce="{method: mean
 
 
 @pytest.mark.parametrize("case", [*CASES, "tree: monthly mean, time chunked by 3"])
-def test_variables_equal_the_sliced_and_rechunked_materialised_layer(tiles, tmp_path, case):
+def test_variables_equal_the_sliced_and_rechunked_materialised_layer(four_tiles, tmp_path, case):
     options = CASES.get(case, TREE)
-    plan = _plan(tiles, tmp_path, **options)
+    plan = _plan(four_tiles, tmp_path, **options)
     dataset = graph.build_dataset(plan)
     old = _old_variables(plan, dataset)
     assert set(old) == set(dataset.data_vars)
@@ -196,18 +188,18 @@ def test_variables_equal_the_sliced_and_rechunked_materialised_layer(tiles, tmp_
         assert dataset["ndvi"].data.chunks[:2] == ((1, 1), (1, 1, 1))
     if case not in CASES:
         # the tree's monthly mean is the fused path's (time whole) to float rounding
-        whole = _plan(tiles, tmp_path, reduce="{method: mean, period: month}")
+        whole = _plan(four_tiles, tmp_path, reduce="{method: mean, period: month}")
         fused = graph.build_dataset(whole).compute(scheduler="synchronous")
         np.testing.assert_allclose(computed["ndvi"].values, fused["ndvi"].values, rtol=2e-6, atol=1e-7)
         assert computed["ndvi"].dims == ("period", "y", "x")
 
 
-def test_zarr_and_cog_writes_of_the_lazy_dataset_equal_its_values(tiles, tmp_path):
+def test_zarr_and_cog_writes_of_the_lazy_dataset_equal_its_values(four_tiles, tmp_path):
     import rioxarray
 
     from rasterflow.write import write_cog, write_zarr
 
-    plan = _plan(tiles, tmp_path, reduce="{method: median}",
+    plan = _plan(four_tiles, tmp_path, reduce="{method: median}",
                  bands='ndvi: "(nir - red) / (nir + red)"\nred_out: "red"')
     dataset = graph.build_dataset(plan)
     expected = dataset.compute(scheduler="synchronous")
@@ -268,11 +260,11 @@ def test_client_graph_memory_does_not_grow_with_the_chunks(tmp_path):
     print(f"first batch (16 blocks): {nbytes / 1e3:.0f} kB")
 
 
-def test_the_layer_pickles_and_a_distributed_compute_sees_the_same_values(tiles, tmp_path):
+def test_the_layer_pickles_and_a_distributed_compute_sees_the_same_values(four_tiles, tmp_path):
     """The layer pickles (an HLG shipped whole to a scheduler) and a whole-dataset compute on a real cluster gives
     the synchronous values."""
     distributed = pytest.importorskip("distributed")
-    plan = _plan(tiles, tmp_path, reduce="{method: quantile, q: [0.25, 0.75], period: month}")
+    plan = _plan(four_tiles, tmp_path, reduce="{method: quantile, q: [0.25, 0.75], period: month}")
     dataset = graph.build_dataset(plan)
     _, layer = _root(dataset)
     copy = pickle.loads(pickle.dumps(layer))
