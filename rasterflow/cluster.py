@@ -266,6 +266,27 @@ def worker_dask_config(settings: ClusterSettings) -> dict[str, Any]:
     }
 
 
+def worker_environ() -> dict[str, int]:
+    """``distributed.nanny.pre-spawn-environ`` for rasterflow's worker processes: distributed's own (one thread per
+    numerical library) with :data:`rasterflow.allocator.WORKER_MALLOC_ENV` in place of its
+    ``MALLOC_TRIM_THRESHOLD_=65536`` (see :mod:`rasterflow.allocator`); allocator settings of the user's Dask config
+    win."""
+    import dask
+
+    from rasterflow.allocator import WORKER_MALLOC_ENV
+
+    configured = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {})
+    users_own = any(k.startswith("MALLOC_") and not (k == "MALLOC_TRIM_THRESHOLD_" and v == _DISTRIBUTED_TRIM)
+                    for k, v in configured.items())
+    if users_own:
+        return configured
+    return {**{k: v for k, v in configured.items() if k != "MALLOC_TRIM_THRESHOLD_"}, **WORKER_MALLOC_ENV}
+
+
+_DISTRIBUTED_TRIM = 65536
+"""distributed's default ``MALLOC_TRIM_THRESHOLD_`` (its distributed.yaml); another value is the user's choice."""
+
+
 def _check_lz4() -> bool:
     if importlib.util.find_spec("lz4") is None:
         log.warning(
@@ -291,6 +312,7 @@ def _pre_spawn_keys() -> list[str]:
     import dask
 
     keys = [str(k) for k in (dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {})]
+    keys += [k for k in worker_environ() if k not in keys]
     return keys + ["PYTHONHASHSEED"]  # the nanny adds PYTHONHASHSEED=6640 when it is unset or "0"
 
 
@@ -328,7 +350,7 @@ def _start_local(settings: ClusterSettings, layout: WorkerLayout) -> tuple[Any, 
     cluster = None
     try:
         # Nannies copy dask.config when they are created, and the workers start with that copy.
-        with dask.config.set(worker_dask_config(settings)):
+        with dask.config.set({**worker_dask_config(settings), "distributed.nanny.pre-spawn-environ": worker_environ()}):
             cluster = LocalCluster(
                 n_workers=layout.n_workers,
                 threads_per_worker=layout.threads_per_worker,
@@ -377,6 +399,9 @@ def _start_in_process(settings: ClusterSettings, layout: WorkerLayout) -> tuple[
         os.environ.setdefault(key, value)
     previous_cache = int(rasterio.env.get_gdal_config("GDAL_CACHEMAX"))
     rasterio.env.set_gdal_config("GDAL_CACHEMAX", int(settings.gdal_cachemax))
+    from rasterflow.allocator import tune_this_process
+
+    tune_this_process()  # the tasks run here: the worker processes' allocator settings, set in this process
     cluster = None
     try:
         # No statistical profiler: every 10 ms it calls sys._current_frames() on the worker's event loop, which

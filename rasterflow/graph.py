@@ -24,8 +24,9 @@ import xarray as xr
 from dask.highlevelgraph import HighLevelGraph
 
 from rasterflow import kernels
+from rasterflow.allocator import release_free_memory
 from rasterflow.plan import JobPlan
-from rasterflow.read import ReadJob, item_stream
+from rasterflow.read import ReadJob, gdal_env, item_stream
 from rasterflow.layers import TaskLayer
 
 __all__ = ["build_dataset", "chunk_reduce", "chunk_bands", "read_jobs", "local_read_job"]
@@ -40,6 +41,15 @@ def chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], pro
     reduced in sub-blocks of that size, one after the other, down each column of sub-blocks: every pixel's series
     is whole in its sub-block, so the result is the same, and the task holds one sub-block's series instead of the
     chunk's (memory does not grow with the dates)."""
+    try:
+        with gdal_env():
+            return _chunk_reduce(job, rows, cols, program, view, block)
+    finally:
+        release_free_memory()  # what the task freed goes back now, not when the heap's top happens to be free
+
+
+def _chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], program: kernels.Program,
+                  view: kernels.TaskItems | None, block: tuple[int, int]) -> np.ndarray:
     height, width = rows[1] - rows[0], cols[1] - cols[0]
     block_rows, block_cols = min(block[0] or height, height), min(block[1] or width, width)
     if (block_rows, block_cols) == (height, width):
@@ -54,6 +64,7 @@ def chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], pro
                 out = np.empty((*part.shape[:-2], height, width), dtype=part.dtype)
             out[..., sub_rows[0] - rows[0]:sub_rows[1] - rows[0], sub_cols[0] - cols[0]:sub_cols[1] - cols[0]] = part
             del part
+            release_free_memory()  # the sub-block's series and temporaries: the next one starts from a trimmed heap
     assert out is not None
     return out
 
@@ -61,7 +72,8 @@ def chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], pro
 def chunk_bands(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], program: kernels.Program,
                 view: kernels.TaskItems | None = None) -> np.ndarray:
     """Read a time slice of one chunk (the items of ``view``) and evaluate the bands -> ``(date, band, y, x)``."""
-    return kernels.band_block(item_stream(job, rows, cols), program, view)
+    with gdal_env():
+        return kernels.band_block(item_stream(job, rows, cols), program, view)
 
 
 def _bounds(chunks: tuple[int, ...]) -> list[tuple[int, int]]:

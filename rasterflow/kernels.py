@@ -105,7 +105,8 @@ class ItemStream:
 
     The kernels take each item when its date is evaluated and drop it after, so the only date-deep arrays of a task
     are its band series (the raw block of every item is never alive at once); :func:`rasterflow.read.item_stream`
-    reads each item's window when asked."""
+    reads each item's window when asked, into the arrays of the item before: a consumer takes what it needs of item
+    ``t`` before it reads the next."""
 
     n_items: int
     spatial_shape: tuple[int, int]
@@ -116,37 +117,62 @@ def _as_stream(source: Planes | ItemStream) -> ItemStream:
     return source.stream() if isinstance(source, Planes) else source
 
 
-def working_plane(planes: Planes, t: int, a: int, dtype: np.dtype) -> np.ndarray:
-    """Item ``t``'s asset ``a`` as a new ``(y, x)`` array in the working dtype: nodata and uncovered -> NaN, then
-    scale and offset (multiply then add, in the working dtype, as the float reference does)."""
+def working_plane(planes: Planes, t: int, a: int, dtype: np.dtype, drop: np.ndarray | None = None) -> np.ndarray:
+    """Item ``t``'s asset ``a`` as a new ``(y, x)`` array in the working dtype: scale and offset (multiply then add,
+    in the working dtype, as the float reference does), then NaN where the value is nodata, no file covers the
+    pixel, or ``drop`` (the mask) is true: one pass that sets every NaN of the plane."""
     raw = planes.raw[a][t]
     values = raw.astype(dtype, copy=True)
-    nodata = planes.nodata[t, a]
-    if not np.isnan(nodata):
-        np.copyto(values, np.nan, where=raw == nodata)
-    covered = planes.covered[a]
-    if covered is not None:
-        np.copyto(values, np.nan, where=~covered[t])
     scale, offset = planes.scale[t, a], planes.offset[t, a]
     if scale != 1:
         values *= dtype.type(scale)
     if offset != 0:
         values += dtype.type(offset)
+    bad: np.ndarray | None = None
+    nodata = planes.nodata[t, a]
+    if not np.isnan(nodata):
+        bad = raw == nodata
+        if drop is not None:
+            bad |= drop
+    covered = planes.covered[a]
+    if covered is not None:
+        uncovered = ~covered[t]
+        if bad is None and drop is not None:
+            uncovered |= drop
+        elif bad is not None:
+            uncovered |= bad
+        bad = uncovered
+    if bad is None:
+        bad = drop
+    if bad is not None:
+        np.copyto(values, np.nan, where=bad)
     return values
 
 
+def _drop_mask(planes: Planes, t: int, program: Program) -> np.ndarray | None:
+    """Item ``t``'s mask (true = drop), evaluated on the raw values; None without a mask."""
+    mask = program.mask
+    if mask is None:
+        return None
+    raw_env = {name: planes.raw[a][t] for a, name in enumerate(program.assets)}
+    return np.asarray(mask.evaluate(raw_env)) != 0  # true or nonzero = drop
+
+
+def working_assets(program: Program) -> tuple[str, ...]:
+    """The assets a task turns into working-dtype planes: those the bands read (an asset only the mask reads, like
+    SCL, is used raw and never converted)."""
+    return program.band_assets or program.assets
+
+
 def _masked_assets(planes: Planes, t: int, program: Program, dtype: np.dtype) -> dict[str, np.ndarray]:
-    """Item ``t``'s assets as working-dtype planes; the mask, evaluated on the raw values, sets NaN in the assets
-    the bands read."""
-    drop = None
-    if program.mask is not None:
-        raw_env = {name: planes.raw[a][t] for a, name in enumerate(program.assets)}
-        drop = np.asarray(program.mask.evaluate(raw_env)) != 0  # true or nonzero = drop
-        del raw_env
-    env: dict[str, np.ndarray] = {name: working_plane(planes, t, a, dtype) for a, name in enumerate(program.assets)}
-    if drop is not None:
-        for name in program.masked_assets:
-            np.copyto(env[name], np.nan, where=drop)
+    """Item ``t``'s assets the bands read, as working-dtype planes; the mask, evaluated on the raw values, sets NaN
+    in the assets the bands read."""
+    drop = _drop_mask(planes, t, program)
+    masked = set(program.masked_assets)
+    env: dict[str, np.ndarray] = {}
+    for a, name in enumerate(program.assets):
+        if name in working_assets(program):
+            env[name] = working_plane(planes, t, a, dtype, drop if name in masked else None)
     return env
 
 
@@ -206,7 +232,7 @@ def _all_items(program: Program, n_items: int) -> TaskItems:
 def _absent_env(program: Program, shape: tuple[int, ...], dtype: np.dtype) -> dict[str, np.ndarray]:
     """What :func:`_masked_assets` gives for an item no file of which meets the chunk: every asset NaN (nodata or
     uncovered -> NaN, scale 1, offset 0; the mask can only set NaN)."""
-    return {name: np.full(shape, np.nan, dtype=dtype) for name in program.assets}
+    return {name: np.full(shape, np.nan, dtype=dtype) for name in working_assets(program)}
 
 
 def absent_bands(program: Program, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
@@ -242,7 +268,7 @@ def _band_series(source: Planes | ItemStream, program: Program, view: TaskItems 
     view = view or _all_items(program, stream.n_items)
     shape = stream.spatial_shape
     series = {name: np.empty((len(view.steps), *shape), dtype=dtype) for name in program.band_names}
-    judged = program.band_assets or program.assets
+    judged = working_assets(program)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for step, (indices, absent_first) in enumerate(zip(view.steps, view.starts_absent)):
             rest = indices

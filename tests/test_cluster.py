@@ -398,3 +398,38 @@ def test_a_wedged_worker_dies_with_its_killed_run(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_worker_processes_get_rasterflows_allocator_settings_not_distributeds(local):
+    """distributed's MALLOC_TRIM_THRESHOLD_=65536 makes every plane-sized temporary a fresh mmap (1.6x the task
+    time, benchmarks/README.md "Worker malloc"): rasterflow's workers start with its own thresholds, and the
+    parent's environment is left as it was."""
+    from rasterflow.allocator import WORKER_MALLOC_ENV
+
+    seen = local.client.run(lambda: {k: os.environ.get(k) for k in WORKER_MALLOC_ENV})
+    assert len(seen) == LAYOUT.n_workers
+    for values in seen.values():
+        assert values == {k: str(v) for k, v in WORKER_MALLOC_ENV.items()}
+    assert not any(k in os.environ for k in WORKER_MALLOC_ENV)
+
+
+def test_allocator_settings_of_the_users_dask_config_win():
+    import dask
+
+    from rasterflow.allocator import WORKER_MALLOC_ENV
+    from rasterflow.cluster import worker_environ
+
+    assert worker_environ()["MALLOC_TRIM_THRESHOLD_"] == WORKER_MALLOC_ENV["MALLOC_TRIM_THRESHOLD_"]
+    assert worker_environ()["OMP_NUM_THREADS"] == 1  # distributed's own stay
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": {"MALLOC_TRIM_THRESHOLD_": 0, "OMP_NUM_THREADS": 2}}):
+        assert worker_environ() == {"MALLOC_TRIM_THRESHOLD_": 0, "OMP_NUM_THREADS": 2}
+
+
+def test_the_allocator_is_tuned_and_trimmed_on_glibc():
+    import platform
+
+    from rasterflow.allocator import release_free_memory, tune_this_process
+
+    applied = tune_this_process()
+    assert applied == (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
+    release_free_memory()  # no error, on any platform

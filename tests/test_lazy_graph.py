@@ -275,3 +275,26 @@ def test_the_layer_pickles_and_a_distributed_compute_sees_the_same_values(four_t
             computed = client.compute(dataset).result()
     for band in expected.data_vars:
         np.testing.assert_array_equal(computed[band].values, expected[band].values)
+
+
+def test_an_item_stream_refills_one_set_of_buffers_with_each_items_own_pixels(four_tiles, tmp_path):
+    """item_stream reads every item into the arrays of the item before (no allocation per item); each read holds
+    exactly what read_planes gives for that item alone."""
+    from rasterflow.read import ReadJob, gdal_env, item_stream, read_planes
+
+    plan = _plan(four_tiles, tmp_path)
+    rows = cols = (40, 136)  # across the tiles' edges: each item covers part of the window, the rest is fill
+    job = graph.read_jobs(plan, slice(0, len(plan.items)), rows, cols)
+    stream = item_stream(job, rows, cols)
+    seen = []
+    with gdal_env():
+        for t in range(stream.n_items):
+            planes = stream.read(t)
+            seen.append(planes.raw[0])
+            alone = read_planes(ReadJob(reads=(job.reads[t],), assets=job.assets, grid=job.grid,
+                                        resampling=job.resampling), rows, cols)
+            for got, want in zip(planes.raw, alone.raw):
+                np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(planes.nodata, alone.nodata)
+            np.testing.assert_array_equal(planes.scale, alone.scale)
+    assert stream.n_items > 1 and all(array is seen[0] for array in seen)

@@ -456,3 +456,32 @@ def test_local_files_are_opened_without_gdals_per_file_cache(monkeypatch):
         assert (options["VSI_CACHE"], options["VSI_CACHE_SIZE"]) == ("TRUE", str(VSI_CACHE_SIZE)), href
     monkeypatch.setenv("VSI_CACHE", "TRUE")
     assert "VSI_CACHE" not in open_options("/data/S2A/red.tif", policy)  # GDAL reads the environment's own
+
+
+def test_working_plane_sets_nodata_uncovered_and_masked_pixels_to_nan_in_one_pass():
+    """The mask, nodata and coverage set NaN after scale and offset: the same values as the reference order (NaN
+    first, then scale/offset, then the mask), on random raw values with every combination of the three."""
+    from rasterflow import kernels
+
+    rng = np.random.default_rng(7)
+    raw = rng.integers(0, 6, size=(2, 64, 64), dtype=np.uint16)  # nodata 0 on ~1/6 of the pixels
+    covered = rng.random((2, 64, 64)) > 0.2
+    drop = rng.random((64, 64)) > 0.7
+    before = drop.copy()
+    planes = kernels.Planes(raw=(raw,), covered=(covered,), nodata=np.array([[0.0], [np.nan]]),
+                            scale=np.array([[1e-4], [2.0]]), offset=np.array([[-0.1], [0.0]]))
+    for t in range(2):
+        for mask in (None, drop):
+            expected = raw[t].astype(np.float32)
+            if t == 0:
+                expected[raw[t] == 0] = np.nan
+            expected[~covered[t]] = np.nan
+            expected = expected * np.float32(planes.scale[t, 0])
+            if planes.offset[t, 0] != 0:
+                expected = expected + np.float32(planes.offset[t, 0])
+            if mask is not None:
+                expected[mask] = np.nan
+            values = kernels.working_plane(planes, t, 0, np.dtype("float32"), mask)
+            np.testing.assert_array_equal(values, expected)
+    np.testing.assert_array_equal(drop, before)  # the caller's mask is shared by the assets: left as it was
+

@@ -15,8 +15,10 @@ part of the window missing (``nodata``), and is counted for the run report eithe
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +32,7 @@ from rasterflow.read.remote import Failure, ReadFailedError, classify
 from rasterflow.retry import retrying
 from rasterflow.sources import AssetRead, AssetSource, FileHeader, grid_offset
 
-__all__ = ["ReadJob", "read_planes", "item_stream", "read_asset", "read_header", "header_reader", "GDAL_OPEN_OPTIONS"]
+__all__ = ["ReadJob", "read_planes", "item_stream", "gdal_env", "read_asset", "read_header", "header_reader", "GDAL_OPEN_OPTIONS"]
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,11 @@ class ReadJob:
     resampling: str
 
 
-def read_planes(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int]) -> Planes:
+def read_planes(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], *, into: Planes | None = None) -> Planes:
     """Read the output window ``rows`` x ``cols`` of every item and asset of ``job``.
+
+    ``into``: planes of the same shape from an earlier call, whose arrays are filled again (an item stream reads
+    every item into the same buffers) instead of new ones.
 
     Returns
     -------
@@ -57,9 +62,29 @@ def read_planes(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int]) -> P
         Raw values per asset ``(item, y, x)`` in its load dtype, coverage where needed, and the per-item nodata,
         scale and offset.
     """
-    import rasterio
-
     n_items, height, width = len(job.reads), rows[1] - rows[0], cols[1] - cols[0]
+    if into is not None and (into.n_items, *into.spatial_shape) == (n_items, height, width):
+        planes = into
+        for a, source in enumerate(job.assets):
+            planes.raw[a].fill(0 if source.fill is None else source.fill)
+            coverage = planes.covered[a]
+            if coverage is not None:
+                coverage.fill(False)
+        planes.nodata.fill(math.nan)
+        planes.scale.fill(1.0)
+        planes.offset.fill(0.0)
+        for a, source in enumerate(job.assets):
+            if source.fill is not None:
+                planes.nodata[:, a] = source.fill
+    else:
+        planes = _new_planes(job, height, width)
+    with gdal_env():
+        _read_into(job, rows, cols, planes)
+    return planes
+
+
+def _new_planes(job: ReadJob, height: int, width: int) -> Planes:
+    n_items = len(job.reads)
     raw, covered = [], []
     nodata = np.full((n_items, len(job.assets)), np.nan)
     scale = np.ones((n_items, len(job.assets)))
@@ -70,48 +95,81 @@ def read_planes(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int]) -> P
         covered.append(np.zeros((n_items, height, width), dtype=bool) if fill is None else None)
         if fill is not None:
             nodata[:, a] = fill  # what an item whose file misses the chunk holds there
-    policy = current_policy()
-    with rasterio.Env(**policy.gdal_options()):
-        for t, item_reads in enumerate(job.reads):
-            for a, read in enumerate(item_reads):
-                if read is None:
-                    continue
-                nodata[t, a] = math.nan if read.nodata is None else read.nodata
-                scale[t, a], offset[t, a] = read.scale, read.offset
-                coverage = covered[a]
-                plane_covered = coverage[t] if coverage is not None else None
-                fill = job.assets[a].fill
-                try:
-                    read_asset(read, job.grid, job.resampling, fill, rows, cols, raw[a][t], plane_covered,
-                               policy=policy)
-                    if read.nodata is None:
-                        # the item declares none: the file's own nodata holds (where a warp ran, it is NaN
-                        # already); the file is open now (read_asset retried its open), so this costs no request
-                        file_nodata = open_source(read, policy=policy).nodata
-                        if file_nodata is not None:
-                            nodata[t, a] = file_nodata
-                except SourceMismatchError:
-                    raise  # the file contradicts its metadata: a wrong result, never a hole
-                except SourceReadError as err:
-                    record_failure(policy, read, err)
-                    if policy.on_read_error != "nodata":
-                        raise
-                    # as if the item had no file here: the fill value / not covered, so the kernels mask it
-                    raw[a][t][...] = 0 if fill is None else fill
-                    if plane_covered is not None:
-                        plane_covered[...] = False
-                    nodata[t, a] = math.nan if fill is None else fill
-                    scale[t, a], offset[t, a] = 1.0, 0.0
     return Planes(raw=tuple(raw), covered=tuple(covered), nodata=nodata, scale=scale, offset=offset)
+
+
+_env_state = threading.local()
+
+
+@contextlib.contextmanager
+def gdal_env() -> Iterator[None]:
+    """The run's GDAL options (:meth:`~rasterflow.read.policy.ReadPolicy.gdal_options`) around reads; nested uses
+    enter nothing, so a task enters it once for all its items (:func:`item_stream`'s reads), not once per item."""
+    if getattr(_env_state, "depth", 0):
+        _env_state.depth += 1
+        try:
+            yield
+        finally:
+            _env_state.depth -= 1
+        return
+    import rasterio
+
+    with rasterio.Env(**current_policy().gdal_options()):
+        _env_state.depth = 1
+        try:
+            yield
+        finally:
+            _env_state.depth = 0
+
+
+def _read_into(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], planes: Planes) -> None:
+    raw, covered, nodata, scale, offset = planes.raw, planes.covered, planes.nodata, planes.scale, planes.offset
+    policy = current_policy()
+    for t, item_reads in enumerate(job.reads):
+        for a, read in enumerate(item_reads):
+            if read is None:
+                continue
+            nodata[t, a] = math.nan if read.nodata is None else read.nodata
+            scale[t, a], offset[t, a] = read.scale, read.offset
+            coverage = covered[a]
+            plane_covered = coverage[t] if coverage is not None else None
+            fill = job.assets[a].fill
+            try:
+                read_asset(read, job.grid, job.resampling, fill, rows, cols, raw[a][t], plane_covered,
+                           policy=policy)
+                if read.nodata is None:
+                    # the item declares none: the file's own nodata holds (where a warp ran, it is NaN
+                    # already); the file is open now (read_asset retried its open), so this costs no request
+                    file_nodata = open_source(read, policy=policy).nodata
+                    if file_nodata is not None:
+                        nodata[t, a] = file_nodata
+            except SourceMismatchError:
+                raise  # the file contradicts its metadata: a wrong result, never a hole
+            except SourceReadError as err:
+                record_failure(policy, read, err)
+                if policy.on_read_error != "nodata":
+                    raise
+                # as if the item had no file here: the fill value / not covered, so the kernels mask it
+                raw[a][t][...] = 0 if fill is None else fill
+                if plane_covered is not None:
+                    plane_covered[...] = False
+                nodata[t, a] = math.nan if fill is None else fill
+                scale[t, a], offset[t, a] = 1.0, 0.0
 
 
 def item_stream(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int]) -> ItemStream:
     """The window ``rows`` x ``cols`` of ``job``'s items, each read (as :func:`read_planes` reads it) when the kernel
-    asks for it: a task then holds one item's raw values at a time, not every item's."""
+    asks for it: a task then holds one item's raw values at a time, not every item's. Each read refills the arrays
+    of the read before (take what you need of an item before asking for the next, as the kernels do); run the kernel
+    inside :func:`gdal_env` to enter the GDAL options once for all the items, not once per item."""
+
+    last: list[Planes] = []
 
     def read(t: int) -> Planes:
-        return read_planes(ReadJob(reads=(job.reads[t],), assets=job.assets, grid=job.grid,
-                                   resampling=job.resampling), rows, cols)
+        planes = read_planes(ReadJob(reads=(job.reads[t],), assets=job.assets, grid=job.grid,
+                                     resampling=job.resampling), rows, cols, into=last[0] if last else None)
+        last[:] = [planes]
+        return planes
 
     return ItemStream(n_items=len(job.reads), spatial_shape=(rows[1] - rows[0], cols[1] - cols[0]), read=read)
 
@@ -176,7 +234,7 @@ def _read_once(read: AssetRead, grid: Any, resampling: str, fill: float | None, 
 
     dataset = open_source(read, fresh=fresh, policy=policy, previous=previous)
     try:
-        direct = _direct_offset(dataset, grid)
+        direct, file_dtype = _file_facts(dataset, grid)
         if direct is not None:
             row_off, col_off = direct
             r0, r1 = max(rows[0], row_off), min(rows[1], row_off + dataset.height)
@@ -185,7 +243,7 @@ def _read_once(read: AssetRead, grid: Any, resampling: str, fill: float | None, 
                 return
             target = out[r0 - rows[0]:r1 - rows[0], c0 - cols[0]:c1 - cols[0]]
             window = Window(c0 - col_off, r0 - row_off, c1 - c0, r1 - r0)
-            if target.dtype == np.dtype(dataset.dtypes[0]) and target.flags.c_contiguous:
+            if target.dtype == file_dtype and target.flags.c_contiguous:
                 dataset.read(1, window=window, out=target)  # no copy: the common case of whole-width chunks
             else:
                 target[...] = dataset.read(1, window=window)
@@ -205,6 +263,25 @@ def _read_once(read: AssetRead, grid: Any, resampling: str, fill: float | None, 
     except Exception as err:  # a truncated or corrupt file, a network failure mid-read
         failure = classify(reason(err), read.href, policy.retry, opening=False)
         raise failure_error("read", read, failure) from None
+
+
+_facts = threading.local()
+
+
+def _file_facts(dataset: Any, grid: Any) -> tuple[tuple[int, int] | None, np.dtype]:
+    """:func:`_direct_offset` and the data type of an open dataset, worked out once per dataset and grid in this
+    thread (a task reads one window of the same open file per item and sub-block; asking GDAL for its CRS string
+    every time was ~4% of a task)."""
+    known: dict[Any, Any] | None = getattr(_facts, "known", None)
+    if known is None or len(known) > 4096:
+        known = _facts.known = {}
+    key = (id(dataset), grid)
+    hit = known.get(key)
+    if hit is not None and hit[0] is dataset:  # the same object: not a new dataset at a recycled address
+        return hit[1], hit[2]
+    facts = (_direct_offset(dataset, grid), np.dtype(dataset.dtypes[0]))
+    known[key] = (dataset, *facts)
+    return facts
 
 
 def _direct_offset(dataset: Any, grid: Any) -> tuple[int, int] | None:
