@@ -399,9 +399,6 @@ def _start_in_process(settings: ClusterSettings, layout: WorkerLayout) -> tuple[
         os.environ.setdefault(key, value)
     previous_cache = int(rasterio.env.get_gdal_config("GDAL_CACHEMAX"))
     rasterio.env.set_gdal_config("GDAL_CACHEMAX", int(settings.gdal_cachemax))
-    from rasterflow.allocator import tune_this_process
-
-    tune_this_process()  # the tasks run here: the worker processes' allocator settings, set in this process
     cluster = None
     try:
         # No statistical profiler: every 10 ms it calls sys._current_frames() on the worker's event loop, which
