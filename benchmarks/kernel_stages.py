@@ -1,12 +1,14 @@
-"""Stage times of the fused per-chunk kernel, before and after the pixel-major reduction, side by side in one run.
+"""Stage times of the fused per-chunk kernel, before and after a kernel change, side by side in one run.
 
 One task's work without the read (issue 13, step 2): in-memory planes of one 1024 x 1024 chunk x 36 dates of
-red / nir (uint16, scale 1e-4) and SCL (uint8, ~30 % cloud, an always-cloudy corner of all-NaN pixels), the mask
-``scl == 9`` and NDVI (``kernels._band_series``: the same code before and after), then the reduction over time of the
-float32 NDVI series for median, quantile (0.1, 0.5, 0.9) and mean, and the whole fused task (``reduce_block``).
+red / nir (uint16, scale 1e-4, offset -0.1, nodata 0) and SCL (uint8, ~30 % cloud, an always-cloudy corner of all-NaN
+pixels), the mask (``--mask``, default the benchmarks' ``scl in (3, 8, 9, 10)``) and NDVI (``kernels._band_series``),
+then the reduction over time of the float32 NDVI series for median, quantile (0.1, 0.5, 0.9) and mean, and the
+whole fused task (``reduce_block``).
 
-"before" is ``rasterflow/kernels.py`` as of ``--before`` (a git revision, default the commit before this change),
-loaded from git into its own module; "after" is the working tree's. The variants are interleaved round by round
+"before" is ``rasterflow/kernels.py`` as of ``--before`` (a git revision; default the commit before the per-value
+tables of ``rasterflow/lookup.py``; 58664af is the one before the pixel-major reduction), loaded from git into its
+own module (a revision whose kernels.py imports other rasterflow modules than ``expr`` loads the working tree's); "after" is the working tree's. The variants are interleaved round by round
 (``--rounds``, medians reported; who goes first alternates) so a busy machine slows both alike. Every "after"
 result is checked against "before" (median and mean: bit for bit; quantile: max difference, the float32 lerp became
 NumPy's float64 one) and against NumPy (``np.nanmedian``, ``np.nanquantile`` with the list of quantiles, bit for
@@ -39,7 +41,7 @@ sys.path.insert(0, str(REPO))
 from rasterflow import fastreduce, kernels  # noqa: E402
 from rasterflow.expr import parse_expression  # noqa: E402
 
-BEFORE = "58664af"
+BEFORE = "922a3f2"
 QUANTILES = (0.1, 0.5, 0.9)
 
 
@@ -56,7 +58,9 @@ def load_before(revision: str):
     return module
 
 
-def make_task(size: int, dates: int, seed: int = 0):
+def make_task(size: int, dates: int, mask: str, seed: int = 0):
+    """The raw planes of one chunk and the program's fields; :func:`planes_for` wraps the planes in a kernels
+    module's own ``Planes`` class (each module checks ``isinstance`` against its own)."""
     rng = np.random.default_rng(seed)
     shape = (dates, size, size)
     red = rng.integers(200, 3000, shape, dtype=np.uint16)
@@ -64,12 +68,16 @@ def make_task(size: int, dates: int, seed: int = 0):
     red[rng.random(shape) < 0.02] = 0  # nodata
     scl = np.where(rng.random(shape) < 0.3, 9, 4).astype(np.uint8)
     scl[:, : size // 16, : size // 16] = 9  # always cloudy: all-NaN pixels
-    planes = kernels.Planes(raw=(red, nir, scl), covered=(None, None, None), nodata=np.zeros((dates, 3)),
-                            scale=np.full((dates, 3), 1e-4), offset=np.zeros((dates, 3)))
-    common = dict(assets=("red", "nir", "scl"), mask=parse_expression("scl == 9", ["scl"]),
+    raw = dict(raw=(red, nir, scl), covered=(None, None, None), nodata=np.zeros((dates, 3)),
+               scale=np.full((dates, 3), 1e-4), offset=np.full((dates, 3), -0.1))
+    common = dict(assets=("red", "nir", "scl"), mask=parse_expression(mask, ["scl"]),
                   masked_assets=("red", "nir"),
                   bands=(("ndvi", parse_expression("(nir - red) / (nir + red)", ["red", "nir"])),), dtype="float32")
-    return planes, common
+    return raw, common
+
+
+def planes_for(module, raw: dict):
+    return module.Planes(**raw)
 
 
 def timed(function) -> tuple[float, object]:
@@ -105,10 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dates", type=int, default=36)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--before", default=BEFORE, help="git revision of the 'before' kernels.py")
+    parser.add_argument("--mask", default="scl in (3, 8, 9, 10)", help="the mask (on the uint8 SCL)")
     args = parser.parse_args(argv)
 
     before = load_before(args.before)
-    planes, common = make_task(args.size, args.dates)
+    raw, common = make_task(args.size, args.dates, args.mask)
+    planes_of = {before: planes_for(before, raw), kernels: planes_for(kernels, raw)}
+    planes = planes_of[kernels]
     series = kernels._band_series(planes, kernels.Program(**common))["ndvi"]  # the float32 (t, y, x) NDVI series
     nan_share = float(np.isnan(series).mean())
     empty_share = float(np.isnan(series).all(axis=0).mean())
@@ -117,12 +128,12 @@ def main(argv: list[str] | None = None) -> int:
 
     stages = [
         ("mask + NDVI series (_band_series)",
-         lambda k: k._band_series(planes, kernels.Program(**common))),
+         lambda k: k._band_series(planes_of[k], kernels.Program(**common))["ndvi"]),
         ("reduce median", lambda k: k.reduce_time(series, "median")),
         ("reduce quantile 0.1/0.5/0.9", lambda k: k.reduce_time(series, "quantile", QUANTILES)),
         ("reduce mean", lambda k: k.reduce_time(series, "mean")),
-        ("fused task, median (reduce_block)", lambda k: k.reduce_block(planes, programs["median"])),
-        ("fused task, quantile (reduce_block)", lambda k: k.reduce_block(planes, programs["quantile"])),
+        ("fused task, median (reduce_block)", lambda k: k.reduce_block(planes_of[k], programs["median"])),
+        ("fused task, quantile (reduce_block)", lambda k: k.reduce_block(planes_of[k], programs["quantile"])),
     ]
     times: dict[tuple[str, str], list[float]] = {}
     results: dict[tuple[str, str], object] = {}
@@ -146,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         quantile_after = results[("reduce quantile 0.1/0.5/0.9", "after")]
         quantile_before = results[("reduce quantile 0.1/0.5/0.9", "before")]
         checks = {
+            "mask + NDVI series after == before (bitwise)": bitwise(
+                results[("mask + NDVI series (_band_series)", "after")],
+                results[("mask + NDVI series (_band_series)", "before")]),
             "median after == before (bitwise)": bitwise(median_after, results[("reduce median", "before")][0]),
             "median after == np.nanmedian (bitwise)": bitwise(median_after, np.nanmedian(series, axis=0)),
             "mean after == before (bitwise)": bitwise(results[("reduce mean", "after")][0],
@@ -159,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             quantile_after[:, :64].reshape(-1), expected.reshape(-1))
     n_diff, largest = differing(quantile_after, quantile_before)
 
-    print(f"kernel stages: {args.size}x{args.size} px x {args.dates} dates, float32 NDVI, {nan_share:.0%} NaN, "
+    print(f"kernel stages: {args.size}x{args.size} px x {args.dates} dates, mask {args.mask!r}, float32 NDVI, {nan_share:.0%} NaN, "
           f"{empty_share:.1%} all-NaN pixels; before = kernels.py@{args.before}, after = working tree; "
           f"median of {args.rounds} interleaved rounds, one process")
     print()
@@ -174,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     for label, ok in checks.items():
         print(f"{'ok  ' if ok else 'FAIL'} {label}")
     print(f"     quantile after vs before: {n_diff} of {quantile_after.size} values differ, by at most "
-          f"{largest:.1e} (float32 eps {np.finfo(np.float32).eps:.1e}; NDVI is within [-1, 1]): "
-          "the float32 lerp became NumPy's float64 lerp, rounded once")
+          f"{largest:.1e} (float32 eps {np.finfo(np.float32).eps:.1e}; NDVI is within [-1, 1])"
+          + (": against 58664af, the float32 lerp became NumPy's float64 lerp, rounded once" if n_diff else ""))
     return 0 if all(checks.values()) else 1
 
 

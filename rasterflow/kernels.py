@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from rasterflow import lookup
 from rasterflow.expr import Expression
 
 __all__ = [
@@ -120,42 +121,44 @@ def _as_stream(source: Planes | ItemStream) -> ItemStream:
 def working_plane(planes: Planes, t: int, a: int, dtype: np.dtype, drop: np.ndarray | None = None) -> np.ndarray:
     """Item ``t``'s asset ``a`` as a new ``(y, x)`` array in the working dtype: scale and offset (multiply then add,
     in the working dtype, as the float reference does), then NaN where the value is nodata, no file covers the
-    pixel, or ``drop`` (the mask) is true: one pass that sets every NaN of the plane."""
+    pixel, or ``drop`` (the mask, boolean) is true."""
+    return _working(planes, t, a, dtype, None if drop is None else lookup.nan_addend(drop, dtype))
+
+
+def _working(planes: Planes, t: int, a: int, dtype: np.dtype, drop_addend: np.ndarray | None) -> np.ndarray:
+    """:func:`working_plane` with the mask as an addend plane (``-0.0`` keep, NaN drop; shared by the assets).
+
+    A small-integer asset is one gather from its :func:`rasterflow.lookup.working_table` (scale, offset and nodata
+    of every raw value), anything else the same arithmetic on the plane."""
     raw = planes.raw[a][t]
-    values = raw.astype(dtype, copy=True)
-    scale, offset = planes.scale[t, a], planes.offset[t, a]
-    if scale != 1:
-        values *= dtype.type(scale)
-    if offset != 0:
-        values += dtype.type(offset)
-    bad: np.ndarray | None = None
-    nodata = planes.nodata[t, a]
-    if not np.isnan(nodata):
-        bad = raw == nodata
-        if drop is not None:
-            bad |= drop
+    scale, offset, nodata = planes.scale[t, a], planes.offset[t, a], planes.nodata[t, a]
+    table = lookup.working_table(raw.dtype, dtype, scale, offset, nodata)
+    if table is not None:
+        values = table.take(lookup.table_index(raw))
+    else:
+        values = lookup.scaled(raw, dtype, scale, offset, nodata)
     covered = planes.covered[a]
     if covered is not None:
-        uncovered = ~covered[t]
-        if bad is None and drop is not None:
-            uncovered |= drop
-        elif bad is not None:
-            uncovered |= bad
-        bad = uncovered
-    if bad is None:
-        bad = drop
-    if bad is not None:
-        np.copyto(values, np.nan, where=bad)
+        values += lookup.nan_addend(~covered[t], dtype)
+    if drop_addend is not None:
+        values += drop_addend
     return values
 
 
-def _drop_mask(planes: Planes, t: int, program: Program) -> np.ndarray | None:
-    """Item ``t``'s mask (true = drop), evaluated on the raw values; None without a mask."""
+def _drop_addend(planes: Planes, t: int, program: Program, dtype: np.dtype) -> np.ndarray | None:
+    """Item ``t``'s mask (evaluated on the raw values) as an addend plane: NaN = drop, ``-0.0`` = keep; None
+    without a mask. A mask of one small-integer asset (``scl in (3, 8, 9, 10)``) is one gather from its table."""
     mask = program.mask
     if mask is None:
         return None
+    if len(mask.names) == 1:
+        (name,) = mask.names
+        raw = planes.raw[program.assets.index(name)][t]
+        table = lookup.mask_addend_table(mask, raw.dtype, dtype)
+        if table is not None:
+            return table.take(lookup.table_index(raw))
     raw_env = {name: planes.raw[a][t] for a, name in enumerate(program.assets)}
-    return np.asarray(mask.evaluate(raw_env)) != 0  # true or nonzero = drop
+    return lookup.nan_addend(np.asarray(np.asarray(mask.evaluate(raw_env)) != 0), dtype)  # true or nonzero = drop
 
 
 def working_assets(program: Program) -> tuple[str, ...]:
@@ -167,12 +170,12 @@ def working_assets(program: Program) -> tuple[str, ...]:
 def _masked_assets(planes: Planes, t: int, program: Program, dtype: np.dtype) -> dict[str, np.ndarray]:
     """Item ``t``'s assets the bands read, as working-dtype planes; the mask, evaluated on the raw values, sets NaN
     in the assets the bands read."""
-    drop = _drop_mask(planes, t, program)
+    drop = _drop_addend(planes, t, program, dtype)
     masked = set(program.masked_assets)
     env: dict[str, np.ndarray] = {}
     for a, name in enumerate(program.assets):
         if name in working_assets(program):
-            env[name] = working_plane(planes, t, a, dtype, drop if name in masked else None)
+            env[name] = _working(planes, t, a, dtype, drop if name in masked else None)
     return env
 
 
