@@ -384,8 +384,7 @@ def reduction_extras() -> list[tuple[str, int, str, float]]:
     import concurrent.futures
     import multiprocessing
 
-    previous = os.environ.get("MALLOC_TRIM_THRESHOLD_")
-    os.environ["MALLOC_TRIM_THRESHOLD_"] = "65536"  # as in a Dask worker (distributed.nanny.pre-spawn-environ)
+    previous = os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)  # as in rasterflow's workers: glibc's own thresholds
     try:
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             return pool.submit(_reduction_extras).result()

@@ -1,18 +1,22 @@
-"""glibc's allocator settings for the processes that run rasterflow's tasks.
+"""glibc's allocator in the processes that run rasterflow's tasks.
 
-A task allocates and frees plane-sized arrays (0.25-4 MB) for every date it evaluates. distributed's nannies start
-workers with ``MALLOC_TRIM_THRESHOLD_=65536``, and a fixed trim threshold also freezes glibc's mmap threshold at
-128 KiB: every such array is then a fresh ``mmap`` whose pages fault in (zeroed) on first touch. Even with glibc's
-defaults, a process that has imported xarray grows and trims the top of its heap around every temporary (``brk``
-up and down: measured, 10x the time of ``(nir - red) / (nir + red)`` on 512² planes). Measured on the 4096² x 36
-season sample (benchmarks/README.md, "Worker malloc"), 2 workers x 1 thread, compute+write: distributed's setting
-17.2-18.8 s and 0.39 GB per worker; these settings 12.2-13.6 s and 0.44 GB, and with :func:`release_free_memory`
-after every sub-block 11.8-13.2 s and 0.42 GB (the budget's prediction: 0.42 GB); larger thresholds (8-32 MiB)
-are no faster and hold 0.48-0.54 GB.
+A task allocates and frees plane-sized arrays (0.25-8 MB) for every date it evaluates. distributed's nannies start
+workers with ``MALLOC_TRIM_THRESHOLD_=65536``, and *any* fixed allocator setting (trim or mmap threshold, top pad)
+also switches off glibc's dynamic thresholds: the mmap threshold, which otherwise rises to the size of the largest
+freed mapping (up to 32 MiB), and with it the trim threshold (twice that). With a trim threshold below one date's
+temporaries (distributed's 64 KiB, a fixed 2 MiB, or glibc's dynamic one while it is still low) the heap shrinks
+after every date and the next date's temporaries fault their pages in again (measured in one process: 224,000 page
+faults and 0.5 s of system time per 1024² x 36-date task, 12,000 once the threshold is above a date's temporaries;
+in one thread a task took 1.92 s with distributed's setting, 0.82 s with glibc's defaults). rasterflow's worker processes therefore start with glibc's
+own defaults (distributed's trim threshold removed, see :func:`rasterflow.cluster.worker_environ`; the user's own
+``MALLOC_*`` settings in the Dask config win), and every task trims the heap after each sub-block
+(:func:`release_free_memory`), so a worker's memory between sub-blocks is what it holds, not what its last one freed.
 
-A run in one process (``cluster.processes: false``) keeps glibc's defaults (its tasks run in a thread of their own
-arena; ``mallopt`` with these values measured no faster there, 13-16 s vs 12.4-14.4 s) and trims after every
-sub-block like any worker (0.59 GB instead of 0.65 GB for the whole process).
+Measured 2026-12-04 on the 4096² x 36 season sample, ``rasterflow run`` with 2 workers x 1 thread, 3 interleaved
+rounds (benchmarks/README.md, "Worker malloc"): compute+write 9.8-10.1 s and peak per worker 410-415 MB with glibc's
+defaults, against 10.0-11.0 s and 421-423 MB with the fixed 2 MiB mmap/trim/top-pad thresholds rasterflow's workers
+had from 61592a5 on; fixed 16 MiB mmap / 64 MiB trim thresholds were faster still (9.2-9.5 s) but held 464-470 MB
+(+13%, over the budget's 421 MB), so memory decided.
 
 Nothing here is needed for correctness; off glibc (macOS, musl) :func:`release_free_memory` does nothing.
 """
@@ -24,23 +28,12 @@ import ctypes.util
 import functools
 from typing import Any
 
-__all__ = ["WORKER_MALLOC_ENV", "release_free_memory", "can_trim"]
+__all__ = ["DISTRIBUTED_TRIM_THRESHOLD", "release_free_memory", "can_trim"]
 
-MMAP_THRESHOLD = 2 * 2**20
-"""Allocations below this come from the heap (the planes of a 512² sub-block: 0.25-1 MB), larger ones are mapped
-and returned whole when freed (a chunk's series, the GDAL cache's big blocks)."""
-TRIM_THRESHOLD = 2 * 2**20
-"""Free memory at the top of the heap above this goes back to the system."""
-TOP_PAD = 2 * 2**20
-"""What the heap grows by beyond a request, and keeps when it trims: one plane's room, so that freeing and
-allocating the next temporary does not move the top of the heap."""
+DISTRIBUTED_TRIM_THRESHOLD = 65536
+"""distributed's default ``MALLOC_TRIM_THRESHOLD_`` for worker processes (its distributed.yaml,
+``distributed.nanny.pre-spawn-environ``): removed for rasterflow's workers; another value is the user's choice."""
 
-WORKER_MALLOC_ENV = {
-    "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD,
-    "MALLOC_TRIM_THRESHOLD_": TRIM_THRESHOLD,
-    "MALLOC_TOP_PAD_": TOP_PAD,
-}
-"""The same settings as environment variables, for worker processes (read by glibc when the process starts)."""
 
 @functools.lru_cache(maxsize=1)
 def _glibc() -> Any:
