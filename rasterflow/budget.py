@@ -59,6 +59,8 @@ __all__ = [
     "REDUCTION_EXTRA_PLANES",
     "TREE_CHUNK_EXTRA_PLANES",
     "WORKER_BASELINE_BYTES",
+    "ONE_PROCESS_EXTRA_BYTES",
+    "baseline_bytes",
     "CLIENT_BASELINE_BYTES",
     "DEFAULT_ASSUMED_ITEMS",
 ]
@@ -129,6 +131,21 @@ after importing what a task imports (NumPy, rasterio/GDAL, xarray, zarr, bottlen
 it is 158-160 MB (benchmarks/budget_accuracy.py, 2026-12-03); during a job the allocator's retained pages, the Zarr
 codecs and Dask's bookkeeping add ~20-40 MB: the one-thread rows of budget_accuracy.py leave 180-205 MB unexplained
 by the arrays. 200 MB."""
+
+ONE_PROCESS_EXTRA_BYTES = 70 * 10**6
+"""What a run in one process (``cluster.processes: false``) holds beside a worker's baseline: the client, the
+scheduler and the writers live in the same interpreter as the tasks. Measured by ``rasterflow run`` on the benchmark
+samples (masked NDVI median, 1024² chunks, 2 threads, 2026-12-04): 484 MB (2048² x 8 dates, Zarr), 485-487 MB
+(4096² x 8, Zarr), 500 MB (4096² x 8, COG), 610 MB (4096² x 36, COG) against 416 / 416 / 416 / 560 MB predicted with
+the worker baseline alone (+50 to +84 MB); with it, measured / predicted 0.97-0.99 in a re-run. On tiny chunks
+(tests/test_lean_local.py, 96²) it over-predicts: 0.74."""
+
+
+def baseline_bytes(inputs: BudgetInputs) -> int:
+    """The process memory a worker holds apart from its tasks, open files and GDAL cache: the worker baseline, plus
+    the client's and the scheduler's when the run is one process."""
+    return WORKER_BASELINE_BYTES + (ONE_PROCESS_EXTRA_BYTES if inputs.one_process else 0)
+
 
 CONCURRENT_RAMP = 0.6
 """Share of a task's working set beyond its loaded block counted for each task that runs beside the largest one.
@@ -294,6 +311,8 @@ class BudgetInputs:
     """The workers run on this machine (a LocalCluster): their limits come out of the same RAM as the client."""
     load_assumed: bool = False
     """True for the static check: the load dtype is an assumption (the items are not read)."""
+    one_process: bool = False
+    """The run is one process (``cluster.processes: false``): the worker is the client's own process."""
     files_per_chunk: int | None = None
     """Most source files (item × asset) whose footprint meets one spatial chunk; None = every file (the reader opens
     only the files that cover the chunk: with tiles side by side, a chunk meets one tile's items)."""
@@ -444,7 +463,7 @@ class BudgetReport:
             f"(largest {format_bytes(self.peak_task_bytes)}, {self.worst_stage.stage}"
             + (f"; {format_bytes(self.held_bytes)} held between tasks" if self.held_bytes else "") + ") + "
             f"{format_bytes(self.open_files_bytes)} open files × {n} + {format_bytes(self.gdal_cache_bytes)} GDAL cache"
-            f" + {format_bytes(WORKER_BASELINE_BYTES)} baseline = {format_bytes(self.peak_per_worker)}"
+            f" + {format_bytes(baseline_bytes(self.inputs))} baseline = {format_bytes(self.peak_per_worker)}"
         )
 
     @property
@@ -478,7 +497,7 @@ class BudgetReport:
             "threads_per_worker": inputs.threads_per_worker,
             "n_workers": inputs.n_workers,
             "gdal_cachemax": inputs.gdal_cachemax,
-            "baseline_bytes": WORKER_BASELINE_BYTES,
+            "baseline_bytes": baseline_bytes(inputs),
             "peak_per_worker": self.peak_per_worker,
             "memory_limit": inputs.memory_limit,
             "limit_source": inputs.limit_source,
@@ -843,7 +862,7 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
     tasks_bytes += held
     files = open_files_bytes(shape, inputs)
     cache = gdal_cache_bytes(shape, inputs)
-    peak_worker = tasks_bytes + files * n + cache + WORKER_BASELINE_BYTES
+    peak_worker = tasks_bytes + files * n + cache + baseline_bytes(inputs)
     client = client_peak_bytes(shape, inputs)
     allowed = int(inputs.max_fraction * inputs.memory_limit)
     refusals: list[str] = []
@@ -854,7 +873,7 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
             f"over budget: the {worst.stage} stage holds {worst.planes:g} planes of "
             f"{_plane_words(inputs)} = {format_bytes(worst.bytes_per_task)} per task; "
             f"{format_bytes(tasks_bytes)} for {n} task(s) at once + {format_bytes(files)} open files × {n} + "
-            f"{format_bytes(cache)} GDAL cache + {format_bytes(WORKER_BASELINE_BYTES)} baseline = "
+            f"{format_bytes(cache)} GDAL cache + {format_bytes(baseline_bytes(inputs))} baseline = "
             f"{format_bytes(peak_worker)} per worker, more than {inputs.max_fraction:g} × "
             f"{format_bytes(inputs.memory_limit)} limit = {format_bytes(allowed)}"
         )

@@ -491,6 +491,7 @@ def budget_inputs(spec: Any, grid: GridPlan, layout: WorkerLayout, n_items: int 
         max_fraction=spec.budget.max_fraction,
         source_tile=source_tile,
         load_dtype=load_dtype,
+        one_process=not layout.processes,
     )
 
 
