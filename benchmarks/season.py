@@ -75,11 +75,13 @@ MEMORY_WORDS = ("Pausing worker", "Unpausing worker", "Memory use is high", "Unm
                 "Restarting worker", "exceeded", "KilledWorker", "spill")
 
 
-def season_sample(size: int, dates: int):
+def season_sample(size: int, dates: int, compress: str | None = None):
     from rasterflow.sample import generate_sample
 
     started = time.perf_counter()
-    catalog = generate_sample(DATA / f"season-{size}x{dates}", size=size, n_dates=dates, every_days=EVERY_DAYS)
+    suffix = f"-{compress.lower()}" if compress else ""
+    catalog = generate_sample(DATA / f"season-{size}x{dates}{suffix}", size=size, n_dates=dates, every_days=EVERY_DAYS,
+                              compress=compress)
     print(f"sample {size}² x {dates} dates ready ({time.perf_counter() - started:.0f} s)", flush=True)
     return catalog
 
@@ -427,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3 * 3600, help="seconds per rasterflow run")
     parser.add_argument("--peer-timeout", type=float, default=3 * 3600, help="seconds per peer run")
     parser.add_argument("--json", type=Path, help="write the rows here too")
+    parser.add_argument("--compress", help="the sample COGs' codec (default ZSTD; public Sentinel-2 COGs are DEFLATE)")
     parser.add_argument("--rasterflow-from", type=Path,
                         help="run rasterflow from this copy of the package's parent directory (e.g. `git archive "
                              "HEAD rasterflow | tar -x -C DIR`), not the shared working tree")
@@ -440,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         RASTERFLOW_FROM[:] = [str(args.rasterflow_from.resolve())]
         print(f"rasterflow from {RASTERFLOW_FROM[0]}", flush=True)
     started = time.perf_counter()
-    catalog = season_sample(args.size, args.dates)
+    catalog = season_sample(args.size, args.dates, args.compress)
     scaling_samples = {k: sample(side(args.scaling_base, k)) for k in FACTORS} if args.scaling else {}
     work = DATA / "season" / f"s{args.size}x{args.dates}"
     work.mkdir(parents=True, exist_ok=True)

@@ -177,6 +177,7 @@ def generate_sample(
     seed: int = 0,
     blocksize: int = 512,
     overwrite: bool = False,
+    compress: str | None = None,
 ) -> SampleCatalog:
     """Write a synthetic Sentinel-2 L2A-like sample (COGs + STAC) into ``directory`` and describe it.
 
@@ -197,8 +198,13 @@ def generate_sample(
     blocksize : internal COG tile size, a multiple of 16. Overviews are added while the image is larger than one
         block (so a 256-pixel tile needs ``blocksize <= 128`` to get overviews).
     overwrite : regenerate even when a matching sample exists.
+    compress : the COGs' codec (``ZSTD``, ``DEFLATE``, ``LZW``...); default ZSTD where this GDAL has it, else DEFLATE.
+        Public Sentinel-2 COGs are DEFLATE; the decoder a reader keeps per open file differs (ZSTD ~0.84 MB,
+        DEFLATE ~0.27 MB after one 512² tile, measured; benchmarks/README.md).
     """
     params = _check_params(size, n_dates, tiles, start, every_days, seed, blocksize)
+    if compress is not None:  # in the manifest only when chosen, so samples made before the option still match
+        params["compress"] = str(compress).upper()
     directory = Path(directory).expanduser().resolve()
     directory.mkdir(parents=True, exist_ok=True)
     with _locked(directory):
@@ -858,7 +864,7 @@ def _generate(directory: Path, params: dict) -> SampleCatalog:
     to_wgs84 = Transformer.from_crs(EPSG, 4326, always_xy=True)
     size, blocksize = params["size"], params["blocksize"]
     rows, cols = params["tiles"]
-    compress = _cog_compression()
+    compress = params.get("compress") or _cog_compression()
     schedule = _cloud_schedule(params)
     plan = _item_plan(params)
     collection_href = str(directory / "collection.json")

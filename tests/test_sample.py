@@ -402,3 +402,21 @@ def test_main_entry_point(tmp_path, capsys):
     assert main([str(tmp_path / "cli"), "--size", "32", "--dates", "2", "--blocksize", "16"]) == 0
     assert "2 items" in capsys.readouterr().out
     assert (tmp_path / "cli" / "sample.json").is_file()
+
+
+def test_a_chosen_codec_is_written_and_keeps_the_pixels(sample, tmp_path):
+    """``compress="DEFLATE"`` (what public Sentinel-2 COGs use) writes DEFLATE COGs with the same pixels as the
+    default codec; the choice is part of the manifest, so a ZSTD sample in the same directory is replaced."""
+    import rasterio
+
+    deflate = generate_sample(tmp_path / "d", **PARAMS, compress="deflate")
+    for item_id in deflate.item_ids[:2]:
+        for asset in ("red", "scl"):
+            with rasterio.open(tmp_path / "d" / item_id / f"{asset}.tif") as src, \
+                    rasterio.open(Path(sample.directory) / item_id / f"{asset}.tif") as default:
+                assert src.compression.name.upper() == "DEFLATE"
+                assert default.compression.name.upper() != "DEFLATE"
+                np.testing.assert_array_equal(src.read(1), default.read(1))
+    again = generate_sample(tmp_path / "d", **PARAMS)  # the default codec: not the DEFLATE sample
+    with rasterio.open(tmp_path / "d" / again.item_ids[0] / "red.tif") as src:
+        assert src.compression.name.upper() != "DEFLATE"
