@@ -268,3 +268,35 @@ def test_the_one_process_prediction_counts_the_client_and_scheduler_in_the_proce
     assert 0.6 <= measured / predicted <= 1.1
     # worker processes keep the worker baseline alone
     assert procs["predicted_peak_per_worker"] < predicted
+
+
+def test_validate_checks_the_processes_run_will_start(sample, tmp_path):
+    """``validate`` (the static check) sizes the layout ``run`` starts: one process for ``processes: false`` or
+    ``auto`` with ``n_workers: auto``, worker processes otherwise, and ``auto`` falls back to worker processes when
+    one process does not fit, as the run does; ``processes: false`` over budget is refused (exit code 3)."""
+    from rasterflow.errors import BudgetExceededError
+    from rasterflow.plan import static_check
+    from rasterflow.sizing import local_machine
+    from rasterflow.spec import load_spec
+
+    if local_machine().cores < 2:
+        pytest.skip("one core: one process and one worker process are the same layout")
+    chunks = "{time: -1, y: 128, x: 128}"
+    cluster = "{{threads_per_worker: 1, memory_limit: {limit}, gdal_cachemax: 0{more}}}"
+
+    def report(limit: str, more: str = ""):
+        path = tmp_path / "v.yaml"
+        path.write_text(spec_text(sample, reduce="{method: median}", chunks=chunks,
+                                  cluster=cluster.format(limit=limit, more=more)))
+        return static_check(load_spec(path))
+
+    one, many = report("4GB"), report("4GB", ", processes: true")
+    assert one.inputs.one_process and one.inputs.n_workers == 1 and one.inputs.threads_per_worker >= 2
+    assert not many.inputs.one_process and many.inputs.n_workers >= 2
+    assert report("4GB", ", processes: false").inputs.one_process
+    assert one.peak_per_worker > many.peak_per_worker
+    between = str(one.peak_per_worker + many.peak_per_worker)  # x 0.5 (max_fraction): between the two
+    fallback = report(between)
+    assert fallback.ok and not fallback.inputs.one_process  # auto: worker processes, as run would start
+    with pytest.raises(BudgetExceededError):
+        report(between, ", processes: false")  # asked for one process: refused, not moved
