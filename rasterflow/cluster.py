@@ -27,7 +27,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, Callable, Iterator, Mapping, TextIO
 
 from rasterflow.errors import ClusterError
 from rasterflow.sizing import WorkerLayout
@@ -284,6 +284,18 @@ def worker_environ() -> dict[str, int]:
     return {k: v for k, v in configured.items() if k != "MALLOC_TRIM_THRESHOLD_"}
 
 
+def _drop_leaked_trim_threshold(spawn_environ: Mapping[str, Any]) -> None:
+    """Take distributed's ``MALLOC_TRIM_THRESHOLD_=65536`` out of this process's environment while the workers
+    spawn (they inherit it, and a nanny can set variables but not unset them), unless the worker environment sets
+    one. It gets here when an earlier nanny in this process (any other LocalCluster) wrote it and did not take it
+    back; the caller restores the environment (``saved``) once the workers exist."""
+    from rasterflow.allocator import DISTRIBUTED_TRIM_THRESHOLD
+
+    key = "MALLOC_TRIM_THRESHOLD_"
+    if key not in spawn_environ and os.environ.get(key) == str(DISTRIBUTED_TRIM_THRESHOLD):
+        del os.environ[key]
+
+
 def _check_lz4() -> bool:
     if importlib.util.find_spec("lz4") is None:
         log.warning(
@@ -309,7 +321,7 @@ def _pre_spawn_keys() -> list[str]:
     import dask
 
     keys = [str(k) for k in (dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {})]
-    keys += [k for k in worker_environ() if k not in keys]
+    keys += [k for k in (*worker_environ(), "MALLOC_TRIM_THRESHOLD_") if k not in keys]  # (see _drop_leaked_trim...)
     return keys + ["PYTHONHASHSEED"]  # the nanny adds PYTHONHASHSEED=6640 when it is unset or "0"
 
 
@@ -344,10 +356,12 @@ def _start_local(settings: ClusterSettings, layout: WorkerLayout) -> tuple[Any, 
     # process before spawning each worker; put the parent's values back once the workers exist. GDAL_CACHEMAX goes
     # through env=, which the nanny applies only inside the worker process.
     saved = {key: os.environ.get(key) for key in _pre_spawn_keys()}
+    spawn_environ = worker_environ()
+    _drop_leaked_trim_threshold(spawn_environ)
     cluster = None
     try:
         # Nannies copy dask.config when they are created, and the workers start with that copy.
-        with dask.config.set({**worker_dask_config(settings), "distributed.nanny.pre-spawn-environ": worker_environ()}):
+        with dask.config.set({**worker_dask_config(settings), "distributed.nanny.pre-spawn-environ": spawn_environ}):
             cluster = LocalCluster(
                 n_workers=layout.n_workers,
                 threads_per_worker=layout.threads_per_worker,

@@ -413,6 +413,18 @@ def test_worker_processes_keep_glibcs_own_allocator_thresholds(local):
     assert not any(k in os.environ for k in keys[:3])
 
 
+def test_distributeds_trim_threshold_left_in_this_process_does_not_reach_the_workers(monkeypatch):
+    """An earlier LocalCluster's nanny (any in this process) wrote MALLOC_TRIM_THRESHOLD_=65536 into the environment
+    and the workers would inherit it: rasterflow's workers start without it and the environment is put back."""
+    from rasterflow.cluster import open_cluster
+
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+    with open_cluster(settings(processes=True), LAYOUT) as handle:
+        seen = handle.client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
+        assert os.environ["MALLOC_TRIM_THRESHOLD_"] == "65536"  # this process's own, back once the workers exist
+    assert list(seen.values()) == [None, None]
+
+
 def test_allocator_settings_of_the_users_dask_config_win():
     import dask
 
