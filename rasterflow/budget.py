@@ -60,6 +60,8 @@ __all__ = [
     "TREE_CHUNK_EXTRA_PLANES",
     "WORKER_BASELINE_BYTES",
     "ONE_PROCESS_EXTRA_BYTES",
+    "LOCAL_FILE_BYTES_BY_CODEC",
+    "open_file_bytes",
     "baseline_bytes",
     "CLIENT_BASELINE_BYTES",
     "DEFAULT_ASSUMED_ITEMS",
@@ -187,6 +189,31 @@ LOCAL_FILE_BYTES = 1 * 10**6
 dataset and libtiff's buffers (the compressed tile and the ZSTD window). Measured on the 5490² x 36 season
 (benchmarks/README.md, 2026-12-03): 1.67 MB per file with the cache, 0.94 MB without."""
 
+LOCAL_FILE_BYTES_BY_CODEC: Mapping[str, int] = {
+    "ZSTD": LOCAL_FILE_BYTES,
+    "DEFLATE": 400 * 10**3,
+    "LZW": 500 * 10**3,
+    "NONE": 150 * 10**3,
+}
+"""What an open local file keeps, by its codec (the first loaded asset's header, read at plan time): the dataset
+(~0.11 MB) and the decoder state libtiff keeps until the file is closed: after one 512² uint16 tile, 0.84 MB for
+ZSTD, 0.27 MB for DEFLATE, 0.36 MB for LZW, 0.04 MB uncompressed (108 files in one process, 2026-12-04,
+benchmarks/README.md "What still grows with the dates"). Another or an unknown codec: :data:`LOCAL_FILE_BYTES`.
+A remote file adds its 1 MB VSI cache to the same (:data:`OPEN_FILE_BYTES` when the codec is unknown)."""
+
+VSI_CACHE_BYTES = 1 * 10**6
+"""The per-file cache a remote file is opened with (``gdalenv.VSI_CACHE_SIZE``)."""
+
+
+def open_file_bytes(inputs: BudgetInputs) -> int:
+    """What one open source file keeps per worker thread (:data:`LOCAL_FILE_BYTES_BY_CODEC`, plus the VSI cache
+    for remote files)."""
+    local = LOCAL_FILE_BYTES_BY_CODEC.get((inputs.source_codec or "").upper(), LOCAL_FILE_BYTES)
+    if inputs.local_files:
+        return local
+    return OPEN_FILE_BYTES if inputs.source_codec is None else local + VSI_CACHE_BYTES
+
+
 MAX_OPEN_PER_THREAD = 512
 """``read.datasets.MAX_OPEN_PER_THREAD`` (not imported: that module imports rasterio lazily but lives with the
 reader): a thread keeps at most this many datasets open."""
@@ -311,6 +338,8 @@ class BudgetInputs:
     """The workers run on this machine (a LocalCluster): their limits come out of the same RAM as the client."""
     load_assumed: bool = False
     """True for the static check: the load dtype is an assumption (the items are not read)."""
+    source_codec: str | None = None
+    """The sources' codec (the first loaded asset's header: ``ZSTD``, ``DEFLATE``...); None = unknown."""
     one_process: bool = False
     """The run is one process (``cluster.processes: false``): the worker is the client's own process."""
     files_per_chunk: int | None = None
@@ -785,7 +814,7 @@ def open_files_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
         threads = max(1, inputs.n_workers * concurrent_tasks(shape, inputs))
         chunks_per_thread = math.ceil(inputs.n_spatial_chunks / threads)
         files = min(files, chunks_per_thread * per_chunk)
-    return min(MAX_OPEN_PER_THREAD, files) * (LOCAL_FILE_BYTES if inputs.local_files else OPEN_FILE_BYTES)
+    return min(MAX_OPEN_PER_THREAD, files) * open_file_bytes(inputs)
 
 
 def gdal_cache_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:

@@ -479,7 +479,8 @@ def processes_layout(spec: Any) -> WorkerLayout:
 
 
 def budget_inputs(spec: Any, grid: GridPlan, layout: WorkerLayout, n_items: int | None,
-                  source_tile: tuple[int, int] | None = None, load_dtype: str | None = None) -> budget.BudgetInputs:
+                  source_tile: tuple[int, int] | None = None, load_dtype: str | None = None,
+                  source_codec: str | None = None) -> budget.BudgetInputs:
     """Collect the model's numbers; ``n_items`` None means the static check (max_items or an assumption)."""
     if n_items is not None:
         n_time, source = max(1, n_items), "search"
@@ -507,12 +508,13 @@ def budget_inputs(spec: Any, grid: GridPlan, layout: WorkerLayout, n_items: int 
         source_tile=source_tile,
         load_dtype=load_dtype,
         one_process=not layout.processes,
+        source_codec=source_codec,
     )
 
 
 def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerLayout | None = None,
               source_tile: tuple[int, int] | None = None,
-              headers: Mapping[str, FileHeader] | None = None) -> JobPlan:
+              headers: Mapping[str, FileHeader] | None = None, source_codec: str | None = None) -> JobPlan:
     """Resolve grid, layout and budget (with fixes when refused). Pure: the caller did the search, the cluster
     query and (optionally) read file headers: one file's tile shape, and ``headers`` for assets whose items declare
     no data type (see :func:`rasterflow.sources.resolve_sources`)."""
@@ -530,7 +532,8 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
                                       headers=headers)
         # the widest loaded asset sizes the block (conservative for mixed uint8 / uint16 assets)
         load_dtype = max((a.load_dtype for a in sources.assets), key=lambda d: np.dtype(d).itemsize, default=None)
-    inputs = budget_inputs(spec, grid, layout, None if items is None else len(items), source_tile, load_dtype)
+    inputs = budget_inputs(spec, grid, layout, None if items is None else len(items), source_tile, load_dtype,
+                           source_codec)
     dates = output_dates(items, spec.source.group_by) if items is not None else ((), ())
     index = None
     if items is not None and sources is not None:  # the model follows the tasks the graph runs on these items

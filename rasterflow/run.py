@@ -110,7 +110,7 @@ def plan_with_items(loaded: Any, items: list[dict], layout: Any) -> JobPlan:
     read); also reads file headers (no pixels): the first loaded asset's tile shape, and data type and nodata of
     assets whose items declare none."""
     from rasterflow.budget import pipeline_shape
-    from rasterflow.catalog import source_tile_shape, undeclared_headers
+    from rasterflow.catalog import source_header, undeclared_headers
     from rasterflow.read import header_reader
     from rasterflow.read.policy import policy_from_spec
 
@@ -123,7 +123,7 @@ def plan_with_items(loaded: Any, items: list[dict], layout: Any) -> JobPlan:
     headers = undeclared_headers(items, keys, read_header) if items else {}
     plan = make_plan(spec, items=items, layout=layout, headers=headers)
     check_items(loaded, plan)
-    tile = None
+    header = None
     if keys and items:
         # the tile shape is only advice: one try, a short timeout (a server that never answers held plan for
         # 488 s with the run's retries; tests/test_plan_scale.py)
@@ -131,10 +131,11 @@ def plan_with_items(loaded: Any, items: list[dict], layout: Any) -> JobPlan:
 
         advice = header_reader(replace(policy, retry=replace(policy.retry, attempts=1,
                                                              timeout=min(policy.retry.timeout, ADVICE_TIMEOUT))))
-        tile = headers[keys[0]].tile_shape if keys[0] in headers else source_tile_shape(items, keys[0], advice)
-    if tile is None:
+        header = headers[keys[0]] if keys[0] in headers else source_header(items[:1], keys[0], advice)
+    if header is None or (header.tile_shape is None and header.compression is None):
         return plan
-    return make_plan(spec, items=items, layout=layout, source_tile=tile, headers=headers)
+    return make_plan(spec, items=items, layout=layout, source_tile=header.tile_shape, headers=headers,
+                     source_codec=header.compression)
 
 
 def search(loaded: Any, now: dt.datetime | None = None) -> list[dict]:

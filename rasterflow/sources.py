@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "AssetRead", "AssetSource", "FileHeader", "SourceTable", "MissingAsset", "missing_assets", "resolve_sources",
+    "AssetRead", "AssetSource", "FileHeader", "compression_name", "SourceTable", "MissingAsset", "missing_assets", "resolve_sources",
     "declared_metadata", "declares_data_type", "footprint_on_grid", "grid_offset", "gc_paused",
 ]
 
@@ -106,6 +106,14 @@ class FileHeader:
     nodata: float | None
     band_count: int
     tile_shape: tuple[int, int] | None = None
+    compression: str | None = None
+    """The file's codec as GDAL names it (``ZSTD``, ``DEFLATE``, ``LZW``...; ``NONE`` uncompressed); None = unknown."""
+
+
+def compression_name(dataset: Any) -> str:
+    """An open rasterio dataset's codec: ``dataset.compression``'s GDAL name, ``NONE`` when uncompressed."""
+    codec = getattr(dataset, "compression", None)
+    return str(getattr(codec, "value", codec)).upper() if codec is not None else "NONE"
 
 
 @dataclass(frozen=True)

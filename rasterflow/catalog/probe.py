@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from rasterflow.sources import FileHeader, declares_data_type
+from rasterflow.sources import FileHeader, compression_name, declares_data_type
 
 __all__ = ["HeaderReader", "source_header", "source_tile_shape", "undeclared_headers"]
 
@@ -41,7 +41,8 @@ def source_header(items: Sequence[Mapping[str, Any]], asset_key: str,
                 tile = tuple(src.block_shapes[0]) if src.profile.get("tiled", False) else None
                 nodata = None if src.nodata is None else float(src.nodata)
                 return FileHeader(href=str(href), data_type=str(src.dtypes[0]), nodata=nodata,
-                                  band_count=int(src.count), tile_shape=tile)  # type: ignore[arg-type]
+                                  band_count=int(src.count), tile_shape=tile,  # type: ignore[arg-type]
+                                  compression=compression_name(src))
         except Exception:  # noqa: BLE001 - a header that cannot be read only costs the probe
             return None
     return None

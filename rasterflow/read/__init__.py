@@ -30,7 +30,7 @@ from rasterflow.read.datasets import GDAL_OPEN_OPTIONS, failure_error, forget, o
 from rasterflow.read.policy import ReadPolicy, current_policy, failed_before, record_failure, record_retry
 from rasterflow.read.remote import Failure, ReadFailedError, classify
 from rasterflow.retry import retrying
-from rasterflow.sources import AssetRead, AssetSource, FileHeader, grid_offset
+from rasterflow.sources import AssetRead, AssetSource, FileHeader, compression_name, grid_offset
 
 __all__ = ["ReadJob", "read_planes", "item_stream", "gdal_env", "read_asset", "read_header", "header_reader", "GDAL_OPEN_OPTIONS"]
 
@@ -305,7 +305,8 @@ def read_header(read: AssetRead, policy: ReadPolicy | None = None) -> FileHeader
         tile = tuple(dataset.block_shapes[0]) if dataset.profile.get("tiled", False) else None
         return FileHeader(href=read.href, data_type=str(dataset.dtypes[0]),
                           nodata=None if dataset.nodata is None else float(dataset.nodata),
-                          band_count=int(dataset.count), tile_shape=tile)  # type: ignore[arg-type]
+                          band_count=int(dataset.count), tile_shape=tile,  # type: ignore[arg-type]
+                          compression=compression_name(dataset))
     finally:
         forget(read.href)  # planning runs in the client: keep no handle there
 

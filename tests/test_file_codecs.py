@@ -1,0 +1,56 @@
+"""The budget's charge for open source files follows their codec: libtiff keeps a ZSTD decoder's state (~0.84 MB)
+per open file, a DEFLATE one ~0.27 MB (benchmarks/README.md). The codec comes from the header the planner reads
+(no pixels); unknown stays at the old, ZSTD-sized charge."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conftest import SAMPLE_DATES, SAMPLE_SIZE, spec_text
+from rasterflow import budget
+
+
+def _inputs(**changes) -> budget.BudgetInputs:
+    base = budget.BudgetInputs(grid_shape=(1024, 1024), n_time=36, time_source="search", chunk_time=-1, chunk_y=512,
+                               chunk_x=512, dtype="float32", threads_per_worker=1, n_workers=2,
+                               memory_limit=4 * 10**9, limit_source="spec", gdal_cachemax=0, max_fraction=0.5)
+    return dataclasses.replace(base, **changes)
+
+
+def test_open_file_bytes_by_codec_local_and_remote():
+    assert budget.open_file_bytes(_inputs(local_files=True)) == budget.LOCAL_FILE_BYTES  # unknown codec
+    assert budget.open_file_bytes(_inputs(local_files=True, source_codec="ZSTD")) == budget.LOCAL_FILE_BYTES
+    deflate = budget.open_file_bytes(_inputs(local_files=True, source_codec="deflate"))
+    assert deflate == budget.LOCAL_FILE_BYTES_BY_CODEC["DEFLATE"] < budget.LOCAL_FILE_BYTES / 2
+    assert budget.open_file_bytes(_inputs(local_files=True, source_codec="JPEG")) == budget.LOCAL_FILE_BYTES
+    assert budget.open_file_bytes(_inputs()) == budget.OPEN_FILE_BYTES  # remote, unknown
+    assert budget.open_file_bytes(_inputs(source_codec="DEFLATE")) == deflate + budget.VSI_CACHE_BYTES
+
+
+@pytest.fixture(scope="module")
+def deflate_sample(tmp_path_factory):
+    from rasterflow.sample import generate_sample
+
+    return generate_sample(tmp_path_factory.mktemp("deflate"), size=SAMPLE_SIZE, n_dates=SAMPLE_DATES, blocksize=128,
+                           compress="DEFLATE")
+
+
+def test_the_plan_reads_the_codec_from_a_header_and_charges_it(sample, deflate_sample, tmp_path):
+    from rasterflow.run import plan_command
+    from rasterflow.spec import load_spec
+
+    reports = {}
+    for name, catalog in (("zstd", sample), ("deflate", deflate_sample)):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(spec_text(catalog, reduce="{method: median}"))
+        plan = plan_command(load_spec(path)).plan
+        reports[name] = plan.report
+    zstd, deflate = reports["zstd"], reports["deflate"]
+    assert zstd.inputs.source_codec == "ZSTD" and deflate.inputs.source_codec == "DEFLATE"
+    assert zstd.inputs.local_files and deflate.inputs.local_files
+    files = zstd.open_files_bytes // budget.LOCAL_FILE_BYTES
+    assert files > 0 and zstd.open_files_bytes == files * budget.LOCAL_FILE_BYTES
+    assert deflate.open_files_bytes == files * budget.LOCAL_FILE_BYTES_BY_CODEC["DEFLATE"]
+    assert zstd.peak_per_worker - deflate.peak_per_worker == zstd.open_files_bytes - deflate.open_files_bytes
