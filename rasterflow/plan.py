@@ -15,11 +15,11 @@ from rasterflow.errors import SpecError, SpecIssue
 from rasterflow.kernels import Program, absent_is_nan, group_indices, period_labels, solar_day_steps
 from rasterflow.read.remote import is_remote
 from rasterflow.sources import FileHeader, MissingAsset, SourceTable, gc_paused, missing_assets, resolve_sources
-from rasterflow.sizing import WorkerLayout, local_machine, size_local_cluster, size_local_run
+from rasterflow.sizing import WorkerLayout, local_machine, size_local_run
 from rasterflow.units import parse_bytes
 
 __all__ = [
-    "ChunkIndex", "GridPlan", "JobCost", "JobPlan", "build_chunk_index", "job_cost", "resolve_grid", "local_layout", "processes_layout", "budget_inputs", "make_plan", "static_check",
+    "ChunkIndex", "GridPlan", "JobCost", "JobPlan", "build_chunk_index", "job_cost", "resolve_grid", "local_layout", "budget_inputs", "make_plan", "static_check",
     "check_items", "output_dates",
 ]
 
@@ -452,29 +452,18 @@ def _naive_utc(text: str) -> str:
     return parse_instant(text).replace(tzinfo=None).isoformat()
 
 
-def local_layout(spec: Any) -> WorkerLayout:
+def local_layout(spec: Any, *, processes: bool | str | None = None) -> WorkerLayout:
     """The layout a local run of the spec's ``cluster`` section starts with: worker processes or one process, as
     ``cluster.processes`` says (:func:`rasterflow.sizing.size_local_run`, what ``run`` uses), so ``validate`` and
-    ``profile`` check the budget of the processes the job will really run in."""
+    ``profile`` check the budget of the processes the job will really run in. ``processes`` overrides the spec's
+    (``True``: the worker processes ``auto`` falls back to when one process does not fit)."""
     cluster = spec.cluster
     return size_local_run(
         local_machine(),
         n_workers=cluster.n_workers,
         threads_per_worker=cluster.threads_per_worker,
         memory_limit=cluster.memory_limit,
-        processes=cluster.processes,
-    )
-
-
-def processes_layout(spec: Any) -> WorkerLayout:
-    """The LocalCluster of worker processes the spec's ``cluster`` section sizes (``processes: auto`` falls back to
-    it when one process does not fit the budget)."""
-    cluster = spec.cluster
-    return size_local_cluster(
-        local_machine(),
-        n_workers=cluster.n_workers,
-        threads_per_worker=cluster.threads_per_worker,
-        memory_limit=cluster.memory_limit,
+        processes=cluster.processes if processes is None else processes,
     )
 
 
@@ -639,6 +628,6 @@ def static_check(loaded: Any) -> budget.BudgetReport:
     """
     plan = make_plan(loaded.spec)
     if not plan.report.ok and loaded.spec.cluster.processes == "auto" and not plan.layout.processes:
-        plan = make_plan(loaded.spec, layout=processes_layout(loaded.spec))  # as run falls back to worker processes
+        plan = make_plan(loaded.spec, layout=local_layout(loaded.spec, processes=True))  # as run falls back to worker processes
     budget.enforce(plan.report, where=loaded.where("chunks"))
     return plan.report
