@@ -465,7 +465,10 @@ class _RunView:
             _say(f"resumed: {fields['skipped']} blocks were already written and skipped, {fields['written']} "
                  f"written now")
         elif kind == "up_to_date":
-            _say(f"up to date: {', '.join(fields['outputs'])} (same fingerprint: spec, items, rasterflow version; "
+            from rasterflow.report import shortened
+
+            outputs = shortened(list(fields["outputs"]), "outputs")
+            _say(f"up to date: {', '.join(outputs)} (same fingerprint: spec, items, rasterflow version; "
                  f"nothing was rewritten)")
         elif kind == "update":
             _say(f"update: recomputing {len(fields['recomputed'])} file(s) whose period changed, keeping "

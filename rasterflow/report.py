@@ -37,6 +37,8 @@ __all__ = [
     "STATUS_BY_EXIT_CODE",
     "MAX_MEMORY_SAMPLES",
     "DEFAULT_THRESHOLDS",
+    "SHOWN_PER_LIST",
+    "shortened",
 ]
 
 STATUS_BY_EXIT_CODE = {0: "ok", 1: "failed", 2: "invalid", 3: "over_budget", 64: "usage", 75: "locked"}
@@ -46,6 +48,17 @@ MAX_MEMORY_SAMPLES = 2000
 """Memory samples kept in a report; longer runs are thinned, keeping each window's peak."""
 
 DEFAULT_THRESHOLDS = {"target": 0.6, "spill": 0.7, "pause": 0.8, "terminate": 0.95}
+
+SHOWN_PER_LIST = 5
+"""Entries of a long list (outputs of a tiled run, failed reads) a summary shows; the report file has them all."""
+
+
+def shortened(entries: list[str], what: str, *, shown: int = SHOWN_PER_LIST) -> list[str]:
+    """``entries`` as they are when there are at most ``shown + 1`` of them, else the first ``shown`` and one line
+    that counts the rest ("... and 995 more outputs (in the run report)")."""
+    if len(entries) <= shown + 1:
+        return list(entries)
+    return [*entries[:shown], f"... and {len(entries) - shown:,} more {what} (in the run report)"]
 
 CLIENT = "client"
 """The ``worker`` value of samples taken in the client process (as in :mod:`rasterflow.cluster`)."""
@@ -323,9 +336,13 @@ class RunReport:
             status += f": {self.error}"
         lines = [status]
         lines.extend(self._read_lines())
-        for out in self.outputs:
-            size = out.get("bytes")
-            lines.append(f"output: {out.get('path')} ({format_bytes(size) if size is not None else 'size unknown'})")
+        outputs = [f"output: {out.get('path')} ({_size_words(out.get('bytes'))})" for out in self.outputs]
+        lines.extend(shortened(outputs, "outputs"))
+        if len(outputs) > SHOWN_PER_LIST + 1:
+            sizes = [out.get("bytes") for out in self.outputs]
+            known = sum(int(size) for size in sizes if size is not None)
+            lines.append(f"outputs: {len(outputs):,} in all, {format_bytes(known)}"
+                         + (f" ({sum(size is None for size in sizes):,} of unknown size)" if None in sizes else ""))
         if self.stage_seconds:
             total = sum(self.stage_seconds.values())
             parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.stage_seconds.items())
@@ -348,7 +365,7 @@ class RunReport:
             treated = " and treated as missing (on_read_error: nodata)" if policy == "nodata" else ""
             lines.append(f"reads: {len(failed)} of {reads.get('files', '?')} source files "
                          f"({float(reads.get('failed_fraction') or 0):.1%}) could not be read{treated}:")
-            lines.extend(f"  {entry.get('error')}" for entry in failed)
+            lines.extend(shortened([f"  {entry.get('error')}" for entry in failed], "failed reads"))
         if reads.get("total_retries"):
             lines.append(f"reads: {reads['total_retries']} retries of {reads.get('retried_files', 0)} files "
                          "after transient failures")
@@ -372,6 +389,10 @@ class RunReport:
                 "  per worker: " + ", ".join(f"{_short(w)} {format_bytes(b)}" for w, b in sorted(measured.items()))
             )
         return lines
+
+
+def _size_words(size: Any) -> str:
+    return format_bytes(size) if size is not None else "size unknown"
 
 
 def _short(worker: str) -> str:

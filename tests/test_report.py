@@ -228,3 +228,22 @@ def test_library_versions_are_metadata_only():
     versions = library_versions()
     assert set(versions) == LIBRARIES
     assert versions["python"].count(".") == 2
+
+
+def test_a_tiled_runs_summary_counts_its_outputs_instead_of_listing_them_all():
+    """A run with one output per tile (output.tiling) would print 1,000 output lines; the summary shows a few and
+    the count and total size, the report keeps every one. A short list is shown whole."""
+    from rasterflow.report import SHOWN_PER_LIST, shortened
+
+    report = RunReport.start(spec_path="a.yaml")
+    report.outputs = [{"path": f"out/tiles/{i // 40}_{i % 40}.tif", "bytes": 2_000_000} for i in range(1000)]
+    report.outputs[7]["bytes"] = None
+    report.finish(0)
+    lines = report.summary_lines()
+    outputs = [line for line in lines if line.startswith("output: ")]
+    assert outputs == [f"output: out/tiles/0_{i}.tif (2 MB)" for i in range(SHOWN_PER_LIST)]
+    assert f"... and {1000 - SHOWN_PER_LIST:,} more outputs (in the run report)" in lines
+    assert "outputs: 1,000 in all, 2 GB (1 of unknown size)" in lines
+    assert len(lines) < 15 and len(report.to_dict()["outputs"]) == 1000
+    assert shortened(["a", "b"], "x", shown=1) == ["a", "b"]  # one more line would say no less than the entry
+    assert shortened(["a", "b", "c"], "x", shown=1) == ["a", "... and 2 more x (in the run report)"]
