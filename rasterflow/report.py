@@ -378,7 +378,10 @@ class RunReport:
                 return [f"peak per worker: predicted {format_bytes(predicted)}, not measured"]
             return []
         worst_worker, worst = max(measured.items(), key=lambda kv: kv[1])
-        line = f"peak per worker: measured {format_bytes(worst)}"
+        # a run in one process samples that process (client, scheduler and tasks) as its one "worker"
+        what = "peak of the process (one process: client, scheduler and tasks)" if list(measured) == ["process"] \
+            else "peak per worker"
+        line = f"{what}: measured {format_bytes(worst)}"
         if predicted:
             line += f", predicted {format_bytes(predicted)} (measured/predicted {worst / predicted:.2f})"
         if limit:

@@ -109,7 +109,8 @@ def test_the_report_shows_the_process_memory(both_modes):
     assert report["client_peak"] is None  # not sampled twice
     assert {s["worker"] for s in report["memory_samples"]} == {"process"}
     assert report["predicted_peak_per_worker"] > 0
-    assert "peak per worker: measured" in both_modes["lean"]["stdout"]
+    assert "peak of the process (one process: client, scheduler and tasks): measured" in both_modes["lean"]["stdout"]
+    assert "peak per worker: measured" in both_modes["procs"]["stdout"]
     # the processes run: a peak per worker process and one for the client
     assert len(both_modes["procs"]["report"]["measured_peak_per_worker"]) == 2
     assert both_modes["procs"]["report"]["client_peak"] > 0
