@@ -13,6 +13,7 @@ The graph is built from the plan alone (:class:`~rasterflow.plan.JobPlan`), with
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,6 +26,7 @@ from dask.highlevelgraph import HighLevelGraph
 
 from rasterflow import kernels
 from rasterflow.allocator import release_free_memory
+from rasterflow.errors import RasterflowError
 from rasterflow.plan import JobPlan
 from rasterflow.read import ReadJob, gdal_env, item_stream
 from rasterflow.layers import TaskLayer
@@ -32,6 +34,25 @@ from rasterflow.layers import TaskLayer
 __all__ = ["build_dataset", "chunk_reduce", "chunk_bands", "read_jobs", "local_read_job"]
 
 
+def _portable_errors(task: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    """A task whose rasterflow errors reach the client as themselves: raised again outside the handler, without the
+    GDAL errors chained under them. distributed pickles a task's exception with its ``__context__``; rasterio's
+    ``CPLE_*`` errors do not unpickle, and the client then gets a bare ``Exception`` holding the error's repr
+    (``ReadFailedError``'s href, status and tries lost). GDAL's words are already in the message."""
+    @functools.wraps(task)
+    def run(*args: Any, **kwargs: Any) -> np.ndarray:
+        try:
+            return task(*args, **kwargs)
+        except RasterflowError as err:
+            error = err
+        error.__context__ = error.__cause__ = None
+        error.__suppress_context__ = True
+        raise error
+
+    return run
+
+
+@_portable_errors
 def chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], program: kernels.Program,
                  view: kernels.TaskItems | None = None, block: tuple[int, int] = (0, 0)) -> np.ndarray:
     """The fused task: read every date of one chunk (the items of ``view``) and reduce it ->
@@ -69,6 +90,7 @@ def _chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], pr
     return out
 
 
+@_portable_errors
 def chunk_bands(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], program: kernels.Program,
                 view: kernels.TaskItems | None = None) -> np.ndarray:
     """Read a time slice of one chunk (the items of ``view``) and evaluate the bands -> ``(date, band, y, x)``."""
