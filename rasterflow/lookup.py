@@ -29,8 +29,8 @@ TABLE_DTYPES = frozenset({"uint8", "int8", "uint16", "int16"})
 
 def table_index(raw: np.ndarray) -> np.ndarray:
     """``raw`` as indices into a table of its dtype's domain (signed values as their unsigned bit patterns)."""
-    if raw.dtype.kind == "i":
-        return raw.view(np.dtype(f"u{raw.dtype.itemsize}"))
+    if raw.dtype.kind == "i":  # the same bytes as unsigned, in the array's own byte order
+        return raw.view(np.dtype(f"u{raw.dtype.itemsize}").newbyteorder(raw.dtype.byteorder))
     return raw
 
 

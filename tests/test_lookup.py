@@ -161,3 +161,12 @@ def test_the_kernel_on_signed_sources_and_qa_masks_equals_numpy(mask_text, drop_
             warnings.simplefilter("ignore", RuntimeWarning)
             median = np.nanmedian(expected, axis=0)
     assert same_bits(kernels.reduce_block(planes, program)[0, 0, 0], median)
+
+
+@pytest.mark.parametrize("raw_dtype", [">i2", ">u2", "<i2"])
+def test_a_non_native_byte_order_gathers_the_same_values(raw_dtype):
+    raw = np.array([[-300, -1, 0, 1, 7, 32767]], dtype=np.int16).astype(raw_dtype) if "i" in raw_dtype else \
+        np.array([[0, 1, 7, 65535]], dtype=np.uint16).astype(raw_dtype)
+    table = lookup.working_table(raw.dtype, np.dtype("float32"), 0.5, 1.0, -1.0)
+    assert table is not None
+    assert same_bits(table.take(lookup.table_index(raw)), reference_working(raw, "float32", 0.5, 1.0, -1.0))
