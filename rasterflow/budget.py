@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping
 
 from rasterflow.errors import BudgetExceededError
 from rasterflow.expr import Expression, parse_expression
+from rasterflow.gdalenv import VSI_CACHE_SIZE  # stdlib only: validate stays light
 from rasterflow.units import dtype_itemsize, format_bytes
 
 __all__ = [
@@ -201,8 +202,8 @@ ZSTD, 0.27 MB for DEFLATE, 0.36 MB for LZW, 0.04 MB uncompressed (108 files in o
 benchmarks/README.md "What still grows with the dates"). Another or an unknown codec: :data:`LOCAL_FILE_BYTES`.
 A remote file adds its 1 MB VSI cache to the same (:data:`OPEN_FILE_BYTES` when the codec is unknown)."""
 
-VSI_CACHE_BYTES = 1 * 10**6
-"""The per-file cache a remote file is opened with (``gdalenv.VSI_CACHE_SIZE``)."""
+VSI_CACHE_BYTES = VSI_CACHE_SIZE
+"""The per-file cache a remote file is opened with (:data:`rasterflow.gdalenv.VSI_CACHE_SIZE`)."""
 
 
 def open_file_bytes(inputs: BudgetInputs) -> int:
