@@ -84,6 +84,8 @@ class Config:
     period: str | None = None
     solar_day: bool = False
     fmt: str = "zarr"
+    shards: int | None = None
+    """Zarr v3 with ``output.zarr_shards`` chunks per shard side."""
 
     @property
     def chunk_yx(self) -> tuple[int, int]:
@@ -105,6 +107,8 @@ class Config:
             parts.append(self.period)
         if self.solar_day:
             parts.append("solar_day")
+        if self.shards:
+            parts.append(f"shards {self.shards}x{self.shards}")
         return " ".join(parts)
 
 
@@ -156,6 +160,9 @@ CONFIGS = [
     C(1024, 2048, "quantile", q=(0.1, 0.5, 0.9), fmt="cog", threads=2),
     C(512, 2048, "mean", period="month", fmt="cog", bands=("ndvi", "evi")),
     C(1024, 2048, "std", time=4, fmt="cog", cache_mb=256),
+    # Zarr v3 shards: a shard's chunk results are held until it is written whole by one task
+    C(512, 2048, "median", shards=4),
+    C(512, 2048, "mean", shards=4, threads=2, bands=("ndvi", "evi")),
 ]
 
 
@@ -246,7 +253,8 @@ def spec_text(config: Config, catalog, out_dir: Path) -> str:
         "bands": {name: EXPRESSIONS[name] for name in config.bands},
         **({"reduce": reduce} if reduce else {}),
         "output": {"path": str(out_dir / out), "overwrite": True,
-                   "compression": "zstd" if config.fmt == "cog" else "lz4"},
+                   "compression": "zstd" if config.fmt == "cog" else "lz4",
+                   **({"zarr_format": 3, "zarr_shards": config.shards} if config.shards else {})},
         "cluster": {
             "n_workers": 1,
             "threads_per_worker": config.threads,

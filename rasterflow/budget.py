@@ -37,6 +37,7 @@ from rasterflow.errors import BudgetExceededError
 from rasterflow.expr import Expression, parse_expression
 from rasterflow.gdalenv import VSI_CACHE_SIZE  # stdlib only: validate stays light
 from rasterflow.units import dtype_itemsize, format_bytes
+from rasterflow.write.shards import SHARDS_IN_FLIGHT, shard_side  # stdlib only
 
 __all__ = [
     "PipelineShape",
@@ -263,6 +264,13 @@ class PipelineShape:
     mosaics_passes: bool = False
     """``source.group_by: solar_day``: a second item's assets are alive while a pass is mosaicked."""
     output_format: str = "zarr"
+    zarr_format: int = 2
+    zarr_shards: int | None = None
+    """``output.zarr_shards`` (None: :func:`rasterflow.write.shards.shard_side`'s default)."""
+    stored_dtype: str | None = None
+    """``output.encoding.dtype`` (None: the working dtype)."""
+    tile_size: int | None = None
+    """``output.tiling.size``: each tile is its own store, sharded on its own grid."""
 
 
 def pipeline_shape(spec: Any) -> PipelineShape:
@@ -286,6 +294,10 @@ def pipeline_shape(spec: Any) -> PipelineShape:
         has_period=bool(spec.reduce and spec.reduce.period),
         mosaics_passes=spec.source.group_by == "solar_day",
         output_format=getattr(spec.output, "resolved_format", "zarr"),
+        zarr_format=spec.output.zarr_format,
+        zarr_shards=spec.output.zarr_shards,
+        stored_dtype=spec.output.encoding.dtype,
+        tile_size=spec.output.tiling.size if spec.output.tiling else None,
     )
 
 
@@ -753,6 +765,37 @@ def held_between_tasks(shape: PipelineShape, inputs: BudgetInputs) -> int:
     return held
 
 
+def shards_per_side(shape: PipelineShape, inputs: BudgetInputs) -> int:
+    """Chunks per side of the Zarr v3 shards the writer makes (1: no shards, also for COG and Zarr format 2)."""
+    if shape.output_format != "zarr" or shape.zarr_format != 3:
+        return 1
+    cy, cx = inputs.chunk_yx
+    height, width = inputs.grid_shape
+    if shape.tile_size:  # each tile is a store of its own
+        height, width = min(height, shape.tile_size), min(width, shape.tile_size)
+    itemsize = dtype_itemsize(shape.stored_dtype or inputs.dtype)
+    return shard_side((cy, cx), itemsize, (math.ceil(height / cy), math.ceil(width / cx)), shape.zarr_shards)
+
+
+def held_for_shards(shape: PipelineShape, inputs: BudgetInputs) -> int:
+    """What a worker holds for Zarr v3 shards (``write.zarr``): a shard is written whole by one task, so every chunk
+    result of the shard is held until its last chunk is done and then gathered on the writing worker, which encodes
+    it into one stored-dtype array and zarr's encoded shard beside it. The writer keeps
+    :data:`~rasterflow.write.shards.SHARDS_IN_FLIGHT` shard positions in flight: the writing worker holds one whole
+    shard's results and its share of the next ones'. 0 without shards."""
+    side = shards_per_side(shape, inputs)
+    if side <= 1:
+        return 0
+    cy, cx = inputs.chunk_yx
+    blocks = min(side, math.ceil(inputs.grid_shape[0] / cy)) * min(side, math.ceil(inputs.grid_shape[1] / cx))
+    entries = _n_groups(shape, inputs) * max(1, shape.n_quantiles)
+    chunk_result = entries * len(shape.bands) * cy * cx * dtype_itemsize(inputs.dtype)
+    shard_results = blocks * chunk_result
+    others = (SHARDS_IN_FLIGHT - 1) * shard_results / max(1, inputs.n_workers)
+    stored = blocks * cy * cx * dtype_itemsize(shape.stored_dtype or inputs.dtype)  # one band's shard, one entry
+    return int(shard_results + others + 2 * stored)
+
+
 def _n_groups(shape: PipelineShape, inputs: BudgetInputs) -> int:
     """Periods in the result (1 without ``reduce.period``). Without the dates (the static check) one period of every
     date: the period's subset is then counted at its largest, the small per-period results at one."""
@@ -888,7 +931,7 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
     peak_task = max(s.bytes_per_task for s in stages)
     n = concurrent_tasks(shape, inputs)
     tasks_bytes = _concurrent_bytes(shape, inputs, _largest(shape, inputs, n))
-    held = held_between_tasks(shape, inputs)
+    held = held_between_tasks(shape, inputs) + held_for_shards(shape, inputs)
     tasks_bytes += held
     files = open_files_bytes(shape, inputs)
     cache = gdal_cache_bytes(shape, inputs)

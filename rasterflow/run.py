@@ -708,6 +708,8 @@ def _output_options(loaded: Any, plan: JobPlan, fmt: str, output_path: str) -> t
     options: dict[str, Any] = {"encoding": encoding, "metadata": description.attrs()}
     if fmt == "zarr":
         options["zarr_format"] = out.zarr_format
+        if out.zarr_shards is not None:
+            options["shards"] = out.zarr_shards
     else:
         options.update(blocksize=out.cog.blocksize, resampling=out.cog.overview_resampling,
                        predictor=out.cog.predictor,

@@ -345,3 +345,55 @@ def test_stack_blocks_holds_nothing_per_block():
     np.testing.assert_array_equal(dask_get(BlockGraph([cube])([key]), key),
                                   np.stack([np.full((4, 4), k, np.float32) for k in (1, 2, 3)]))
     assert cube.chunks == expected.chunks
+
+
+# ---- Zarr v3 shards: the chunks of a shard are held until it is written --------------------------------------------
+
+HELD = "rasterflow-test-held-chunks"
+
+
+class HeldChunks(distributed.diagnostics.plugin.SchedulerPlugin):
+    """The most results of one layer (``name``) in memory on the cluster at once, at every transition."""
+
+    name = HELD
+
+    def __init__(self, layer: str) -> None:
+        self.layer, self.held, self.peak = layer, set(), 0
+
+    def transition(self, key, start, finish, *args, **kwargs) -> None:
+        if not (isinstance(key, tuple) and key and key[0] == self.layer):
+            return
+        if finish == "memory":
+            self.held.add(key)
+        elif start == "memory":
+            self.held.discard(key)
+        self.peak = max(self.peak, len(self.held))
+
+
+def _held_peak(dask_scheduler=None) -> int:
+    return dask_scheduler.plugins[HELD].peak
+
+
+def test_sharded_zarr_holds_at_most_two_shards_of_chunks(tmp_path, client):
+    """A shard is written whole by one task, so its chunks stay in memory until its last one is done: the writer's
+    cap counts chunks, not write tasks, and keeps SHARDS_IN_FLIGHT shard positions in flight (counting write tasks,
+    4 per thread would have let 8 tasks = 4 positions = 16 chunks pile up)."""
+    from rasterflow.write.shards import SHARDS_IN_FLIGHT
+
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    band = _source(str(calls))
+    client.register_plugin(HeldChunks(band.name), name=HELD)
+    try:
+        path = str(tmp_path / "sharded.zarr")
+        result = write_zarr(_dataset(band), path, fingerprint="fp", client=client, zarr_format=3, shards=2)
+        held = client.run_on_scheduler(_held_peak)
+    finally:
+        client.unregister_scheduler_plugin(HELD)
+    assert result.blocks_written == 2 * NBLOCKS
+    out = xr.open_zarr(path)
+    np.testing.assert_array_equal(out["ndvi"].values, _reference())
+    np.testing.assert_array_equal(out["water"].values, _reference() * 2)
+    assert sorted(_calls(calls)) == sorted(np.ndindex(8, 8))
+    print(f"source chunks in memory at most {held} (shards of 2 x 2 chunks, {SHARDS_IN_FLIGHT} in flight)")
+    assert 4 <= held <= SHARDS_IN_FLIGHT * 2 * 2

@@ -20,7 +20,7 @@ from affine import Affine
 
 from rasterflow.errors import RunFailedError
 from rasterflow.write import write_zarr
-from rasterflow.write.zarr import SHARD_ABOVE_CHUNKS, shard_side
+from rasterflow.write.shards import SHARD_ABOVE_CHUNKS, shard_side
 
 CRS = "EPSG:32633"
 TRANSFORM = Affine(10.0, 0.0, 399960.0, 0.0, -10.0, 5800020.0)
@@ -89,10 +89,10 @@ def test_shards_group_chunks_into_few_objects_and_read_back_exactly(tmp_path, le
 
 
 def test_a_large_grid_is_sharded_by_default(tmp_path, monkeypatch):
-    from rasterflow.write import zarr as writer
+    from rasterflow.write import shards
 
     # the default shards grids of more than SHARD_ABOVE_CHUNKS chunks: lowered from 1,024 to keep the test small
-    monkeypatch.setattr(writer, "SHARD_ABOVE_CHUNKS", 64)
+    monkeypatch.setattr(shards, "SHARD_ABOVE_CHUNKS", 64)
     shape = (10 * 8, 10 * 8)  # 100 chunks of 8²
     assert shard_side((8, 8), 4, (10, 10)) == 8  # 256-byte chunks: MAX_SHARD_SIDE per side, well below SHARD_BYTES
     values = {"ndvi": _values(3, shape)}
@@ -187,3 +187,80 @@ def test_format_2_refuses_shards(tmp_path):
     values = {"ndvi": _values(6, SHAPE)}
     with pytest.raises(ValueError, match="Zarr format 3"):
         write_zarr(_dataset(values, ("y", "x"), CHUNK), str(tmp_path / "x.zarr"), fingerprint="fp", shards=2)
+
+
+# ---- from the spec: output.zarr_shards, and the budget counts what a shard holds --------------------------------
+
+
+@pytest.mark.slow
+def test_a_spec_writes_shards_and_the_plan_counts_them(sample, tmp_path):
+    """``output: {zarr_format: 3, zarr_shards: 2}`` on real COGs and a real LocalCluster: 4 x 4 chunks of 64² are
+    2 x 2 shard objects per band, the values equal the NumPy median, and ``plan`` counts the shards' held chunk
+    results in the peak per worker (the same job unsharded plans exactly that much less)."""
+    import json
+
+    from click.testing import CliRunner
+    from conftest import spec_text
+    from reference import assert_same, load_items, masked_ndvi, reduce_reference
+
+    from rasterflow.cli import cli
+
+    bands = 'ndvi: "(nir - red) / (nir + red)"\ntwice: "ndvi * 2"'
+    plans = {}
+    for name, output in (("sharded", "{path: out/s.zarr, zarr_format: 3, zarr_shards: 2}"),
+                         ("plain", "{path: out/p.zarr, zarr_format: 3}")):
+        text = spec_text(sample, reduce="{method: median}", chunks="{time: -1, y: 64, x: 64}", bands=bands)
+        (tmp_path / f"{name}.yaml").write_text(text.replace("output: {path: out/result.zarr}", f"output: {output}"))
+        planned = CliRunner().invoke(cli, ["plan", str(tmp_path / f"{name}.yaml"), "--json"])
+        assert planned.exit_code == 0, planned.output
+        plans[name] = json.loads(planned.output)["budget"]
+    # the writing worker holds a whole shard's results (4 chunks x 2 bands x 64² float32), its share (1/2 workers) of
+    # the next shard's, and one band's shard encoded as float32 and compressed beside it
+    chunk = 64 * 64 * 4
+    expected = 4 * 2 * chunk + 4 * 2 * chunk // 2 + 2 * 4 * chunk
+    assert plans["sharded"]["held_bytes"] - plans["plain"]["held_bytes"] == expected
+    assert plans["sharded"]["peak_per_worker"] - plans["plain"]["peak_per_worker"] == expected
+
+    import contextlib
+
+    with contextlib.chdir(tmp_path):
+        result = CliRunner().invoke(cli, ["run", str(tmp_path / "sharded.yaml")])
+    assert result.exit_code == 0, result.output
+    store = str(tmp_path / "out" / "s.zarr")
+    for band in ("ndvi", "twice"):
+        assert len(_objects(store, band)) == 2 * 2  # 16 chunks in 4 shard objects
+        assert zarr.open_array(store, path=band, mode="r").shards == (128, 128)
+    ds = xr.open_zarr(store)
+    expected_median = reduce_reference(masked_ndvi(load_items(sample)), "median")
+    assert_same(ds["ndvi"].values, expected_median)
+    assert_same(ds["twice"].values, 2 * expected_median)
+
+
+def test_the_budget_sizes_shards_like_the_writer():
+    """``budget.shards_per_side`` follows ``write.shards.shard_side`` on the grid (or each tile) in the stored
+    dtype: no shards for COG, format 2 or a small grid; the default side for a large v3 grid; the spec's side."""
+    from rasterflow.budget import BudgetInputs, PipelineShape, held_for_shards, shards_per_side
+    from rasterflow.expr import parse_expression
+
+    def inputs(grid: int) -> BudgetInputs:
+        return BudgetInputs(grid_shape=(grid, grid), n_time=10, time_source="search", chunk_time=-1, chunk_y=1024,
+                            chunk_x=1024, dtype="float32", threads_per_worker=1, n_workers=2,
+                            memory_limit=4 * 2**30, limit_source="spec", gdal_cachemax=64 * 2**20, max_fraction=0.5)
+
+    def shape(**output) -> PipelineShape:
+        band = ("ndvi", parse_expression("(nir - red) / (nir + red)", ["red", "nir"]))
+        return PipelineShape(assets_loaded=("red", "nir"), mask=None, masked_assets=(), bands=(band,),
+                             reduce_method="median", n_quantiles=0, **output)
+
+    large = inputs(40 * 1024)  # 1,600 chunks: above SHARD_ABOVE_CHUNKS
+    assert shards_per_side(shape(zarr_format=2), large) == 1
+    assert shards_per_side(shape(output_format="cog"), large) == 1
+    assert shards_per_side(shape(zarr_format=3), inputs(8 * 1024)) == 1  # 64 chunks
+    assert shards_per_side(shape(zarr_format=3), large) == shard_side((1024, 1024), 4, (40, 40)) == 4
+    assert shards_per_side(shape(zarr_format=3, stored_dtype="int16"), large) == 4  # 16 x 2 MiB = 32 MiB
+    assert shards_per_side(shape(zarr_format=3, stored_dtype="int8"), large) == 8
+    assert shards_per_side(shape(zarr_format=3, tile_size=8192), large) == 1  # each 8 x 8-chunk tile a store
+    assert shards_per_side(shape(zarr_format=3, zarr_shards=2), inputs(8 * 1024)) == 2
+    assert held_for_shards(shape(zarr_format=2), large) == 0
+    chunk = 1024 * 1024 * 4
+    assert held_for_shards(shape(zarr_format=3), large) == 16 * chunk + 16 * chunk // 2 + 2 * 16 * chunk

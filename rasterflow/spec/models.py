@@ -449,6 +449,13 @@ class Output(_Model):
     zarr_format: Literal[2, 3] = Field(
         default=2, description="Zarr format: 2 opens in GDAL/QGIS and xarray; 3 in xarray only (GDAL 3.10 fails)."
     )
+    zarr_shards: Annotated[StrictInt, Field(ge=1, le=64)] | None = Field(
+        default=None,
+        description="Zarr format 3 only: chunks per shard side (a shard object holds zarr_shards x zarr_shards "
+        "chunks, each still readable alone; 1 = one object per chunk). null = shard only grids of more than 1,024 "
+        "chunks, with shards of at most 8 x 8 chunks and 64 MiB. Each shard is written whole by one task, and "
+        "its chunks' results are held until then: the budget counts them.",
+    )
     encoding: OutputEncoding = Field(
         default_factory=OutputEncoding, description="Stored dtype, scale, offset and nodata of the bands."
     )
@@ -475,6 +482,11 @@ class Output(_Model):
         fmt = self.format or _FORMAT_BY_SUFFIX.get(PurePosixPath(self.path.rstrip("/")).suffix.lower())
         if "zarr_format" in self.model_fields_set and fmt != "zarr":
             raise _LocatedError(("zarr_format",), "zarr_format applies to Zarr outputs only; remove it")
+        if self.zarr_shards is not None and fmt != "zarr":
+            raise _LocatedError(("zarr_shards",), "zarr_shards applies to Zarr outputs only; remove it")
+        if self.zarr_shards not in (None, 1) and self.zarr_format != 3:
+            raise _LocatedError(("zarr_shards",), f"zarr_shards: {self.zarr_shards} needs zarr_format: 3 (format 2, "
+                                "the one GDAL opens, has no shards); set zarr_format: 3 or remove zarr_shards")
         if "cog" in self.model_fields_set and fmt != "cog":
             raise _LocatedError(("cog",), "cog options apply to COG outputs (.tif) only; remove them")
         if self.cog.predictor == "floating_point" and self.encoding.dtype and self.encoding.dtype[0] in "ui":

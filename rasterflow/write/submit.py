@@ -227,16 +227,16 @@ def run_units(
         Where to compute. None: a pool of :func:`local_threads` threads, each running a unit's graph with
         ``dask.get``.
     max_in_flight : int, optional
-        Cap on keys submitted and not yet finished (default :func:`in_flight_cap`). A unit larger than the cap is
-        submitted alone once nothing else is in flight.
+        Cap on blocks (keys, each counted at its ``weight``) submitted and not yet finished (default
+        :func:`in_flight_cap`). A unit larger than the cap is submitted alone once nothing else is in flight.
     on_result : callable, optional
         ``on_result(key, value)`` for each finished key, in this thread; without it results are not fetched (the
         tasks have side effects, such as writing their block).
     progress : callable, optional
         ``progress(done, total)`` after each finished key.
     weight : callable, optional
-        ``weight(key)``: the blocks one key counts for in ``progress`` and the result (default 1; e.g. the chunks of
-        a Zarr shard written by one task).
+        ``weight(key)``: the blocks one key counts for in the cap, ``progress`` and the result (default 1; e.g. the
+        chunks of a Zarr shard written by one task, whose results are all held until it runs).
 
     Raises
     ------
@@ -245,10 +245,11 @@ def run_units(
     """
     cap = max(1, int(max_in_flight or in_flight_cap(client)))
     count = _Counter(total, progress, weight)
+    size = (lambda key: 1) if weight is None else weight
     if client is not None:
-        _run_distributed(iter(units), build, client, cap, on_result, count)
+        _run_distributed(_Feed(iter(units), size), build, client, cap, on_result, count)
     else:
-        _run_local(iter(units), build, cap, on_result, count)
+        _run_local(_Feed(iter(units), size), build, cap, on_result, count)
     return count.done
 
 
@@ -264,10 +265,11 @@ class _Counter:
 
 
 class _Feed:
-    """The units not yet submitted, taken while they fit in the cap."""
+    """The units not yet submitted, taken while they fit in the cap (counted in blocks: ``size(key)`` per key)."""
 
-    def __init__(self, units: Iterator[Sequence[Key]]):
+    def __init__(self, units: Iterator[Sequence[Key]], size: Callable[[Key], int]):
         self.units = units
+        self.size = size
         self.head: list | None = self._next()
 
     def _next(self) -> list | None:
@@ -282,26 +284,29 @@ class _Feed:
         unit, self.head = self.head, self._next() if self.head is not None else None
         return unit
 
+    def blocks(self, keys: Iterable[Key]) -> int:
+        return sum(self.size(key) for key in keys)
+
     def take(self, in_flight: int, cap: int) -> list[list]:
+        """Units while ``in_flight`` blocks plus theirs fit in ``cap`` (at least one when nothing is in flight)."""
         taken: list[list] = []
-        while self.head is not None and (in_flight == 0 or in_flight + len(self.head) <= cap):
+        while self.head is not None and (in_flight == 0 or in_flight + self.blocks(self.head) <= cap):
             taken.append(self.head)
-            in_flight += len(self.head)
+            in_flight += self.blocks(self.head)
             self.head = self._next()
         return taken
 
 
-def _run_distributed(units: Iterator[Sequence[Key]], build: Callable[[Sequence[Key]], dict], client: Any, cap: int,
+def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], dict], client: Any, cap: int,
                      on_result: Callable[[Key, Any], None] | None, count: _Counter) -> None:
     from distributed import as_completed
 
-    feed = _Feed(units)
     in_flight: dict[Any, Key] = {}  # future -> key
     # bound to this client's loop: without it as_completed looks for a *default* client
     completed = as_completed(loop=client.loop, raise_errors=False)
 
     def submit() -> None:
-        batch = [key for unit in feed.take(len(in_flight), cap) for key in unit]
+        batch = [key for unit in feed.take(feed.blocks(in_flight.values()), cap) for key in unit]
         if not batch:
             return
         futures = client.get(build(batch), batch, sync=False)
@@ -324,7 +329,7 @@ def _run_distributed(units: Iterator[Sequence[Key]], build: Callable[[Sequence[K
                     on_result(key, future.result())
                 future.release()  # the scheduler forgets the block's tasks
                 count(key)
-            if len(in_flight) <= cap // 2:
+            if feed.blocks(in_flight.values()) <= cap // 2:
                 submit()
     finally:
         if in_flight:
@@ -332,11 +337,10 @@ def _run_distributed(units: Iterator[Sequence[Key]], build: Callable[[Sequence[K
             in_flight.clear()
 
 
-def _run_local(units: Iterator[Sequence[Key]], build: Callable[[Sequence[Key]], dict], cap: int,
+def _run_local(feed: _Feed, build: Callable[[Sequence[Key]], dict], cap: int,
                on_result: Callable[[Key, Any], None] | None, count: _Counter) -> None:
     import dask
 
-    feed = _Feed(units)
     if local_threads() == 1:  # the synchronous scheduler: one unit after the other, in this thread
         while (unit := feed.take_one()) is not None:
             for key, value in zip(unit, dask.get(build(unit), unit)):
@@ -348,7 +352,7 @@ def _run_local(units: Iterator[Sequence[Key]], build: Callable[[Sequence[Key]], 
     executor = concurrent.futures.ThreadPoolExecutor(local_threads(), thread_name_prefix="rasterflow-write")
 
     def submit() -> None:
-        for unit in feed.take(sum(len(u) for u in in_flight.values()), cap):
+        for unit in feed.take(sum(feed.blocks(u) for u in in_flight.values()), cap):
             in_flight[executor.submit(dask.get, build(unit), unit)] = unit
 
     try:
@@ -362,7 +366,7 @@ def _run_local(units: Iterator[Sequence[Key]], build: Callable[[Sequence[Key]], 
                     if on_result is not None:
                         on_result(key, value)
                     count(key)
-            if sum(len(u) for u in in_flight.values()) <= cap // 2:
+            if sum(feed.blocks(u) for u in in_flight.values()) <= cap // 2:
                 submit()
     finally:
         executor.shutdown(wait=True, cancel_futures=True)

@@ -50,10 +50,12 @@ writing it (silenced here), xarray reads it without a warning. Both formats carr
 ``_FillValue``, ``scale_factor``/``add_offset``), so ``xr.open_zarr`` decodes physical values and rioxarray finds the
 CRS and transform.
 
-Sharding (format 3 only): by default an array of more than :data:`SHARD_ABOVE_CHUNKS` chunks is stored in shards of
-up to :data:`MAX_SHARD_SIDE` x :data:`MAX_SHARD_SIDE` chunks and at most :data:`SHARD_BYTES` (``shards=`` sets the
-side; 1 turns it off), so a continental grid is thousands of objects instead of millions. The chunks inside a shard
-stay individually readable (zarr-python reads the shard index, then only the chunks asked for).
+Sharding (format 3 only; :mod:`rasterflow.write.shards`): by default an array of more than ``SHARD_ABOVE_CHUNKS``
+chunks is stored in shards of up to ``MAX_SHARD_SIDE`` x ``MAX_SHARD_SIDE`` chunks and at most ``SHARD_BYTES``
+(``shards=``, the spec's ``output.zarr_shards``, sets the side; 1 turns it off), so a continental grid is thousands of
+objects instead of millions. The chunks inside a shard stay individually readable (zarr-python reads the shard
+index, then only the chunks asked for). Every chunk result of a shard is held until the shard is written, so the
+writer keeps ``SHARDS_IN_FLIGHT`` shard positions in flight (the budget counts them, ``budget.held_for_shards``).
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ from rasterflow.write.common import (
     spatial_dims,
     zarr_staging_path,
 )
+from rasterflow.write.shards import SHARDS_IN_FLIGHT, shard_side
 
 __all__ = ["write_zarr", "is_complete_zarr", "ZARR_FORMAT", "ZARR_FORMATS", "MARKER_DIR"]
 
@@ -98,13 +101,6 @@ ZARR_FORMAT: ZarrFormat = 2
 ZARR_FORMATS = (2, 3)
 #: Done-markers live under ``<store>/<MARKER_DIR>/<var>/``; removed when the store is complete.
 MARKER_DIR = ".rasterflow/done"
-#: Zarr v3 shards: at most this many bytes (stored dtype) and this many chunks per side. A write task holds one
-#: shard (its Dask blocks, then the assembled shard): 64 MiB keeps that within a few chunks of the usual size.
-SHARD_BYTES = 64 * 2**20
-MAX_SHARD_SIDE = 8
-#: By default only arrays of more chunks than this are sharded: a few hundred objects list and copy quickly, and an
-#: unsharded store is what more readers open.
-SHARD_ABOVE_CHUNKS = 1024
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -131,19 +127,32 @@ def _touch(url: str) -> None:
 def _write_region(blocks: list, *, store: str, var: str, markers: str, zarr_format: ZarrFormat,
                   encoding: Encoding | None, region: tuple[tuple[int, int], ...], marker: str,
                   columns: int) -> np.ndarray:
-    """Assemble the Dask blocks of one write region (one Zarr chunk, or one shard of several chunks: ``blocks`` in
-    row-major order, ``columns`` per row), encode it, write it with one assignment, then leave its done-marker.
-    Runs on a worker; no other task writes this region's objects."""
+    """Encode the Dask blocks of one write region (one Zarr chunk, or one shard of several chunks: ``blocks`` in
+    row-major order, ``columns`` per row) into one array of the stored dtype, write it with one assignment, then
+    leave its done-marker. Runs on a worker; no other task writes this region's objects."""
     import zarr
 
-    rows = [np.concatenate(blocks[k:k + columns], axis=-1) if columns > 1 else blocks[k]
-            for k in range(0, len(blocks), columns)]
-    block = np.concatenate(rows, axis=-2) if len(rows) > 1 else rows[0]
     array = zarr.open_array(store, path=var, mode="r+", zarr_format=zarr_format)
-    stored = encode_block(block, encoding, var) if encoding is not None else block
+    if len(blocks) == 1:
+        block = blocks[0]
+        stored = encode_block(block, encoding, var) if encoding is not None else block
+    else:
+        # one shard: each block is encoded straight into its place, so the shard exists once, in the stored dtype,
+        # beside the blocks Dask holds (not as row copies, a float copy and then an encoded copy)
+        shape = tuple(stop - start for start, stop in region)
+        stored = np.empty(shape, dtype=array.dtype)
+        y0 = 0
+        for k in range(0, len(blocks), columns):
+            x0 = 0
+            for block in blocks[k:k + columns]:
+                rows, cols = block.shape[-2:]
+                stored[..., y0:y0 + rows, x0:x0 + cols] = (
+                    encode_block(block, encoding, var) if encoding is not None else block)
+                x0 += cols
+            y0 += blocks[k].shape[-2]
     array[tuple(slice(start, stop) for start, stop in region)] = np.asarray(stored, dtype=array.dtype)
     _touch(_join(markers, var, marker))
-    return np.ones((1,) * block.ndim, dtype=np.int8)
+    return np.ones((1,) * len(region), dtype=np.int8)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -186,25 +195,6 @@ def _crs_attr(ds: xr.Dataset) -> dict | None:
     except Exception:  # no rioxarray or no CRS: the CF grid_mapping (if any) still carries it
         return None
     return None if crs is None else {"wkt": crs.to_wkt()}
-
-
-def shard_side(chunk_yx: tuple[int, int], itemsize: int, numblocks_yx: tuple[int, int],
-               requested: int | None = None) -> int:
-    """Chunks per shard side for a Zarr v3 store: ``requested``, else 1 (no sharding) for a grid of at most
-    :data:`SHARD_ABOVE_CHUNKS` chunks, else the largest power of two up to :data:`MAX_SHARD_SIDE` whose square shard
-    holds at most :data:`SHARD_BYTES` and does not exceed the grid."""
-    if requested is not None:
-        if int(requested) < 1:
-            raise ValueError(f"shards must be a positive number of chunks per shard side, got {requested}")
-        return int(requested)
-    side = 1
-    if numblocks_yx[0] * numblocks_yx[1] <= SHARD_ABOVE_CHUNKS:
-        return side
-    chunk_bytes = chunk_yx[0] * chunk_yx[1] * itemsize
-    while (side * 2 <= MAX_SHARD_SIDE and (side * 2) ** 2 * chunk_bytes <= SHARD_BYTES
-           and side < max(numblocks_yx)):
-        side *= 2
-    return side
 
 
 def _prepare(ds: xr.Dataset, compression: str, zarr_format: ZarrFormat = ZARR_FORMAT,
@@ -507,10 +497,10 @@ def write_zarr(
     metadata : dict, optional
         Extra group attributes (JSON values): time range, method, item count, versions...
     shards : int, optional
-        Zarr format 3 only: chunks per shard side (1: no sharding). Default: none up to
-        :data:`SHARD_ABOVE_CHUNKS` chunks per array, above that the largest power of two up to
-        :data:`MAX_SHARD_SIDE` whose shard holds at most :data:`SHARD_BYTES`, so a large grid is a manageable number
-        of objects. Each shard is assembled from its Dask blocks and written whole by one task.
+        Zarr format 3 only: chunks per shard side (1: no sharding). Default: :func:`~rasterflow.write.shards.shard_side`
+        (none up to 1,024 chunks per array, above that the largest power of two up to 8 whose shard holds at most
+        64 MiB), so a large grid is a manageable number of objects. Each shard is assembled from its Dask blocks and
+        written whole by one task.
 
     Raises
     ------
@@ -568,8 +558,14 @@ def write_zarr(
         client = submit.default_client(client)
         build = submit.BlockGraph([prepared[n].data for n in names], task)
         try:
-            # a bounded number of regions in flight, each batch's graph built from its regions only
-            written = submit.run_units(units, build, total=todo, client=client, progress=progress, weight=weight)
+            # a bounded number of regions in flight, each batch's graph built from its regions only; with shards
+            # the cap counts the chunks held until their shard is written: SHARDS_IN_FLIGHT shard positions
+            cap = submit.in_flight_cap(client)
+            if side > 1:
+                leads = math.prod(prepared[names[0]].data.numblocks[:-2])
+                cap = max(cap, SHARDS_IN_FLIGHT * len(names) * leads * side * side)
+            written = submit.run_units(units, build, total=todo, client=client, progress=progress, weight=weight,
+                                       max_in_flight=cap)
         except Exception as exc:
             raise RunFailedError(
                 f"writing {path} failed: {type(exc).__name__}: {exc}. Finished blocks are kept in {store}; "
