@@ -36,7 +36,7 @@ import statistics
 import time
 from pathlib import Path
 
-from common import DATA, GDAL_CACHEMAX, HERE, PYTHON, check, compare, gb, measure, numpy_reference, read_result, \
+from common import DATA, GDAL_CACHEMAX, HERE, PYTHON, RASTERFLOW, check, compare, gb, measure, numpy_reference, read_result, \
     run_rasterflow, sample, table, write_spec
 
 DASK_PEERS = {
@@ -164,6 +164,7 @@ def main() -> None:
     args = parser.parse_args()
     only = sorted({*args.variants, *RASTERFLOW_VARIANTS}) if args.variants else None
     gdal_python = find_gdal_python(args.gdal_python)
+    print(f"rasterflow: {RASTERFLOW} (see common.RASTERFLOW_VENV)", flush=True)
     started = time.perf_counter()
     results = {}
     for size in args.sizes:

@@ -442,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rasterflow_from:
         RASTERFLOW_FROM[:] = [str(args.rasterflow_from.resolve())]
         print(f"rasterflow from {RASTERFLOW_FROM[0]}", flush=True)
+    print(f"rasterflow: {RASTERFLOW} (see common.RASTERFLOW_VENV)", flush=True)
     started = time.perf_counter()
     catalog = season_sample(args.size, args.dates, args.compress)
     scaling_samples = {k: sample(side(args.scaling_base, k)) for k in FACTORS} if args.scaling else {}
