@@ -167,6 +167,17 @@ COG_WRITER_BYTES = 40 * 10**6
 overview buffers, the received blocks' frames. Measured 55-104 MB above the Zarr client on four COG runs, of which
 the blocks in flight and the cache explain all but 30-45 MB (budget_accuracy.py, 2026-12-03)."""
 
+DEFAULT_GDAL_CACHEMAX = 256 * 10**6
+"""``cluster.gdal_cachemax: auto`` where a cache helps: warped reads (a WarpedVRT reads source blocks again for
+neighbouring output rows) and source tiles cut by chunk or sub-block edges (decoded once per side); and the COG
+writer's cache in the client (overviews read the full-resolution tiles back)."""
+
+ALIGNED_GDAL_CACHEMAX = 16 * 10**6
+"""``cluster.gdal_cachemax: auto`` when every source file is on the output grid and its tiles fall on the chunks'
+edges: each block is decoded exactly once, so the cache only fills (measured, 4096² x 8 one-process job,
+2026-12-04: 4 MB vs 64 MB, the same wall, 60 MB less peak). GDAL still passes each block through the cache: a few
+tiles per thread and open file fit in this."""
+
 COG_INFLIGHT_PER_THREAD = 2
 """``write.cog``: at most 2 × threads finished blocks are in flight to the client at once."""
 
@@ -355,6 +366,13 @@ class BudgetInputs:
     """The sources' codec (the first loaded asset's header: ``ZSTD``, ``DEFLATE``...); None = unknown."""
     one_process: bool = False
     """The run is one process (``cluster.processes: false``): the worker is the client's own process."""
+    writer_cachemax: int | None = None
+    """GDAL's cache of the COG writer in the client; None = ``gdal_cachemax`` (``cluster.gdal_cachemax: auto``
+    gives the writer :data:`DEFAULT_GDAL_CACHEMAX` whatever the workers get)."""
+
+    @property
+    def client_cachemax(self) -> int:
+        return self.gdal_cachemax if self.writer_cachemax is None else self.writer_cachemax
     files_per_chunk: int | None = None
     """Most source files (item × asset) whose footprint meets one spatial chunk; None = every file (the reader opens
     only the files that cover the chunk: with tiles side by side, a chunk meets one tile's items)."""
@@ -899,7 +917,7 @@ def client_peak_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
     inflight = min(units, max(2, COG_INFLIGHT_PER_THREAD * inputs.n_workers * inputs.threads_per_worker))
     output = n_files * n_bands * inputs.grid_shape[0] * inputs.grid_shape[1] * w
     return (CLIENT_BASELINE_BYTES + COG_WRITER_BYTES + inflight * n_bands * cy * cx * w
-            + min(inputs.gdal_cachemax, output))
+            + min(inputs.client_cachemax, output))
 
 
 def estimate_task_count(inputs: BudgetInputs, n_bands: int, reduce_method: str | None,
@@ -1026,7 +1044,7 @@ def _client_check(shape: PipelineShape, inputs: BudgetInputs, client: int) -> st
         return None
     return (
         f"the COG writer in this process needs ~{format_bytes(client)} ({format_bytes(CLIENT_BASELINE_BYTES)} baseline "
-        f"+ finished blocks in flight + {format_bytes(min(inputs.gdal_cachemax, client))} GDAL cache at most), but the "
+        f"+ finished blocks in flight + {format_bytes(min(inputs.client_cachemax, client))} GDAL cache at most), but the "
         f"machine's {format_bytes(inputs.machine_memory)} leave only {format_bytes(max(0, left))} after "
         f"{inputs.n_workers} worker(s) × {format_bytes(inputs.memory_limit)}; lower cluster.gdal_cachemax or "
         f"cluster.memory_limit, or write Zarr"

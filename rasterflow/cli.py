@@ -378,7 +378,7 @@ def _plan_text(specs: tuple[str, ...], fix: bool, variables: dict[str, str], sel
 
 
 def _print_plan(loaded: Any, plan: Any) -> None:
-    from rasterflow.budget import STRIP_TARGET_BYTES
+    from rasterflow.budget import ALIGNED_GDAL_CACHEMAX, STRIP_TARGET_BYTES
     from rasterflow.run import assets_applied
     from rasterflow.units import format_bytes
 
@@ -413,6 +413,11 @@ def _print_plan(loaded: Any, plan: Any) -> None:
         echo(f"  wall time        {cost.summary()}")
     echo(f"  workers          {plan.layout.n_workers} x {plan.layout.threads_per_worker} thread(s), "
          f"limit {format_bytes(plan.layout.memory_limit)} each ({plan.layout.source})")
+    if loaded.spec.cluster.gdal_cachemax == "auto":
+        why = ("every file on the grid, its tiles on the chunks' edges: each block is decoded once"
+               if plan.gdal_cachemax == ALIGNED_GDAL_CACHEMAX else
+               "reads that may decode a block twice (warped, tiles cut by chunk edges, or not known yet)")
+        echo(f"  GDAL cache       {format_bytes(plan.gdal_cachemax)} per worker (auto: {why})")
     echo("  stage                 live planes   per task")
     for stage in report.stages:
         marker = "  <- worst" if stage is report.worst_stage else ""

@@ -97,8 +97,10 @@ class ClusterSettings:
     :func:`local_run_layout`."""
 
     @classmethod
-    def from_spec(cls, cluster: Any) -> ClusterSettings:
-        """Build from the validated spec's ``cluster`` section (any object with the same attribute names)."""
+    def from_spec(cls, cluster: Any, gdal_cachemax: int | None = None) -> ClusterSettings:
+        """Build from the validated spec's ``cluster`` section (any object with the same attribute names);
+        ``gdal_cachemax``: the plan's (``auto`` resolved, :attr:`rasterflow.plan.JobPlan.gdal_cachemax`), else the
+        spec's size, or for ``auto`` without a plan the default."""
         memory = getattr(cluster, "memory", None)
         thresholds = {}
         if memory is not None:
@@ -113,10 +115,16 @@ class ClusterSettings:
             n_workers=cluster.n_workers,
             threads_per_worker=int(cluster.threads_per_worker),
             memory_limit=cluster.memory_limit,
-            gdal_cachemax=parse_bytes(cluster.gdal_cachemax),
+            gdal_cachemax=_cache_bytes(cluster.gdal_cachemax) if gdal_cachemax is None else int(gdal_cachemax),
             processes=getattr(cluster, "processes", True),
             **thresholds,
         )
+
+
+def _cache_bytes(value: str | int) -> int:
+    from rasterflow.budget import DEFAULT_GDAL_CACHEMAX
+
+    return DEFAULT_GDAL_CACHEMAX if value == "auto" else parse_bytes(value)
 
 
 @dataclass

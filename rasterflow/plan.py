@@ -19,7 +19,7 @@ from rasterflow.sizing import WorkerLayout, local_machine, size_local_run
 from rasterflow.units import parse_bytes
 
 __all__ = [
-    "ChunkIndex", "GridPlan", "JobCost", "JobPlan", "build_chunk_index", "job_cost", "resolve_grid", "local_layout", "budget_inputs", "make_plan", "static_check",
+    "ChunkIndex", "GridPlan", "JobCost", "JobPlan", "build_chunk_index", "tiles_on_chunk_edges", "job_cost", "resolve_grid", "local_layout", "budget_inputs", "make_plan", "static_check",
     "check_items", "output_dates",
 ]
 
@@ -410,6 +410,17 @@ class JobPlan:
     """Per spatial chunk, the items whose files meet it (None for a static plan)."""
 
     @property
+    def gdal_cachemax(self) -> int:
+        """GDAL's block cache per worker (``cluster.gdal_cachemax``, ``auto`` resolved: see
+        :func:`tiles_on_chunk_edges`): what the budget counted, so what the workers get."""
+        return self.report.inputs.gdal_cachemax
+
+    @property
+    def writer_cachemax(self) -> int:
+        """GDAL's block cache of the COG writer in the client."""
+        return self.report.inputs.client_cachemax
+
+    @property
     def chunks(self) -> dict[str, int]:
         inputs = self.report.inputs
         cy, cx = inputs.chunk_yx
@@ -477,6 +488,7 @@ def budget_inputs(spec: Any, grid: GridPlan, layout: WorkerLayout, n_items: int 
         n_time, source = spec.source.stac.max_items, "max_items"
     else:
         n_time, source = budget.DEFAULT_ASSUMED_ITEMS, "assumed"
+    gdal_cache = None if spec.cluster.gdal_cachemax == "auto" else parse_bytes(spec.cluster.gdal_cachemax)
     limit_source = "spec" if spec.cluster.memory_limit != "auto" and layout.source == "local" else (
         "auto (local machine)" if layout.source == "local" else layout.source
     )
@@ -492,7 +504,8 @@ def budget_inputs(spec: Any, grid: GridPlan, layout: WorkerLayout, n_items: int 
         n_workers=layout.n_workers,
         memory_limit=layout.memory_limit,
         limit_source=limit_source,
-        gdal_cachemax=parse_bytes(spec.cluster.gdal_cachemax),
+        gdal_cachemax=gdal_cache if gdal_cache is not None else budget.DEFAULT_GDAL_CACHEMAX,
+        writer_cachemax=gdal_cache if gdal_cache is not None else budget.DEFAULT_GDAL_CACHEMAX,
         max_fraction=spec.budget.max_fraction,
         source_tile=source_tile,
         load_dtype=load_dtype,
@@ -523,6 +536,9 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
         load_dtype = max((a.load_dtype for a in sources.assets), key=lambda d: np.dtype(d).itemsize, default=None)
     inputs = budget_inputs(spec, grid, layout, None if items is None else len(items), source_tile, load_dtype,
                            source_codec)
+    if (spec.cluster.gdal_cachemax == "auto" and sources is not None and source_tile is not None
+            and tiles_on_chunk_edges(sources, grid, source_tile, inputs.chunk_yx)):
+        inputs = budget.dataclasses_replace(inputs, gdal_cachemax=budget.ALIGNED_GDAL_CACHEMAX)
     dates = output_dates(items, spec.source.group_by) if items is not None else ((), ())
     index = None
     if items is not None and sources is not None:  # the model follows the tasks the graph runs on these items
@@ -556,6 +572,37 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
         resampling=spec.grid.resampling, expressions=tuple(spec.bands.items()),
         cost=None if sources is None else job_cost(sources, grid, report, layout), chunk_index=index,
     )
+
+
+def tiles_on_chunk_edges(sources: SourceTable, grid: GridPlan, source_tile: tuple[int, int],
+                         chunk_yx: tuple[int, int]) -> bool:
+    """Whether every source block is decoded exactly once: every loaded file is read straight into the block (on the
+    output grid, :attr:`AssetRead.direct`) with its ``proj:transform`` declared, its tile grid starts on a chunk
+    edge (the file's first row and column are a whole number of ``source_tile`` tiles from the grid's origin), and
+    the chunks are whole tiles (or the whole grid along an axis). Then no chunk or sub-block edge (sub-blocks are
+    whole source tiles, :func:`rasterflow.budget.sub_block`) cuts a tile, and GDAL's block cache cannot help.
+
+    ``source_tile`` is one file's (``plan`` reads one header): the files of a collection share their tiling."""
+    tile_y, tile_x = source_tile
+    if tile_y <= 0 or tile_x <= 0:
+        return False
+    height, width = grid.shape
+    cy, cx = chunk_yx
+    if (cy % tile_y and cy < height) or (cx % tile_x and cx < width):
+        return False
+    res = grid.resolution
+    left, top = grid.bounds[0], grid.bounds[3]
+    for reads in sources.reads:
+        for read in reads:
+            if read is None:
+                continue
+            if not read.direct or read.transform is None:
+                return False
+            row = (top - read.transform[5]) / res  # the output row of the file's first row
+            col = (read.transform[2] - left) / res
+            if round(row) % tile_y or round(col) % tile_x:
+                return False
+    return True
 
 
 def _budget_details(spec: Any, times: Sequence[str], sources: SourceTable, layout: WorkerLayout,

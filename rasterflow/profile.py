@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rasterflow.units import format_bytes, parse_bytes
+from rasterflow.units import format_bytes
 
 __all__ = ["TaskProfile", "profile_one_task"]
 
@@ -79,7 +79,7 @@ def profile_one_task(plan: Any, spec: Any, *, use_memray: bool = True, flamegrap
     variable = dataset[next(iter(dataset.data_vars))].data
     index = _middle_block(variable)
     block = variable.blocks[index]
-    os.environ.setdefault("GDAL_CACHEMAX", str(parse_bytes(spec.cluster.gdal_cachemax)))
+    os.environ.setdefault("GDAL_CACHEMAX", str(plan.gdal_cachemax))
     # the task reads as a run's would: the spec's retries, on_read_error and signer, not the defaults
     policy = policy_from_spec(spec.source, job_hrefs(plan))
 

@@ -26,7 +26,6 @@ from rasterflow import budget
 from rasterflow.errors import ExitCode, RasterflowError, RunFailedError, RunInterrupted
 from rasterflow.plan import JobPlan, check_items, local_layout, make_plan
 from rasterflow.signals import Interrupts
-from rasterflow.units import parse_bytes
 
 __all__ = [
     "search", "resolve_layout", "plan_with_items", "plan_command", "plan_payload", "run_command", "profile_command",
@@ -611,8 +610,9 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
         start_resource_tracker_deaf_to_hangups()
     with ExitStack() as stack:
         with timer("cluster start"), worker_log_env(log_path):
-            handle = stack.enter_context(open_cluster(ClusterSettings.from_spec(spec.cluster), plan.layout))
-        report.cluster = handle.as_dict()
+            handle = stack.enter_context(open_cluster(ClusterSettings.from_spec(spec.cluster, plan.gdal_cachemax),
+                                                      plan.layout))
+        report.cluster = {**handle.as_dict(), "gdal_cachemax": plan.gdal_cachemax}  # each worker's GDAL cache
         if log_path:
             report.cluster["worker_log"] = log_path
         if handle.dashboard_link:
@@ -641,7 +641,7 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
                 else:
                     result = write.write_cog(dataset, output_path, overwrite=replace,
                                              compression=spec.output.compression,
-                                             gdal_cachemax=parse_bytes(spec.cluster.gdal_cachemax),
+                                             gdal_cachemax=plan.writer_cachemax,
                                              client=handle.client, progress=on_progress, **options)
             timer.on_start = None
     with timer("stac"):  # issue 12: after the data, so an item's presence means the output is complete
@@ -683,7 +683,7 @@ def _write_tiles(loaded: Any, plan: JobPlan, dataset: Any, tiles: Any, fmt: str,
             return write.write_zarr(ds, path, overwrite=overwrite, compression=spec.output.compression,
                                     fingerprint=job_id, client=client, progress=progress, **options)
         return write.write_cog(ds, path, overwrite=overwrite, compression=spec.output.compression,
-                               gdal_cachemax=parse_bytes(spec.cluster.gdal_cachemax), client=client,
+                               gdal_cachemax=plan.writer_cachemax, client=client,
                                progress=progress, file_metadata=file_metadata, **options)
 
     todo, kept = tiles_to_write(tiles, job_id, redo_all=redo_all)

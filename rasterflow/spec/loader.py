@@ -39,7 +39,7 @@ _SECTION_MODELS: dict[tuple, type[BaseModel]] = {
 _UNION_HINTS = {
     "q": "must be a number in 0..1 or a list of them",
     "memory_limit": "must be 'auto' or a size like '4GB'",
-    "gdal_cachemax": "must be a size like '256MB'",
+    "gdal_cachemax": "must be auto or a size like '256MB'",
     "n_workers": "must be 'auto' or a positive integer",
     "filter": "must be a CQL2 filter: a mapping (cql2-json) or a string (cql2-text)",
     "max_items": "must be a positive integer",

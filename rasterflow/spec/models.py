@@ -570,8 +570,12 @@ class Cluster(_Model):
     memory_limit: Literal["auto"] | Size = Field(
         default="auto", description='Per-worker memory limit: auto = (RAM - reserve) / n_workers; or e.g. "4GB".'
     )
-    gdal_cachemax: Size = Field(
-        default="256MB", description="GDAL block cache per worker process, set before GDAL starts."
+    gdal_cachemax: Literal["auto"] | Size = Field(
+        default="auto",
+        description="GDAL block cache per worker process, set before GDAL starts. auto = 16MB when plan finds every "
+        "source file on the output grid with its tiles on the chunks' edges (each source block is then decoded "
+        "once: a cache cannot help, it only fills), else 256MB (warped reads and tiles cut by chunk edges "
+        "decode blocks again; the cache keeps them). The COG writer's cache (in the client) is 256MB with auto.",
     )
     memory: MemoryThresholds = Field(
         default_factory=MemoryThresholds, description="Worker memory thresholds (fractions of the memory limit)."
@@ -603,7 +607,8 @@ class Cluster(_Model):
     @field_validator("gdal_cachemax")
     @classmethod
     def _check_cachemax(cls, value: str | int) -> str | int:
-        parse_bytes(value)
+        if value != "auto":
+            parse_bytes(value)
         return value
 
 
