@@ -38,9 +38,11 @@ CHUNK = 1024
 """Spatial chunk of every variant: the stackstac default, two 512-pixel COG tiles per side."""
 
 GDAL_CACHEMAX = "64MB"
-"""GDAL's block cache per worker in the rasterflow spec. The job reads every block once, so the cache cannot help;
-it only fills up (to the spec default of 256 MB per worker after ~5 chunks: +0.4 GB for the process tree, and RSS
-that grows with the job until then)."""
+"""GDAL's block cache of the GDAL peer (its VRT + calc pipeline reads blocks through it; 64MB measured best for it,
+see compare_peers.py). rasterflow runs with its default, ``cluster.gdal_cachemax: auto``: on these samples (grid =
+the tile, chunks of whole 512² tiles) every block is decoded once, so ``plan`` gives each worker 16 MB (a larger
+cache only fills: up to the old default of 256 MB per worker, +0.4 GB for the process tree). Until 2026-12-04 the
+rasterflow spec here set 64MB explicitly."""
 
 WORKER_STATS_PRELOAD = HERE / "worker_stats.py"
 """A Dask worker preload that writes the worker's task and transfer counters when it closes (for rasterflow,
@@ -64,7 +66,7 @@ def write_spec(catalog, output: Path, *, name: str = "bench", processes: str | N
 
     ``processes``: the spec's ``cluster.processes`` (``"true"``, ``"false"``, ``"auto"``); None leaves it out (then
     ``n_workers: 2`` means two worker processes)."""
-    cluster = f"n_workers: 2, threads_per_worker: 1, gdal_cachemax: {GDAL_CACHEMAX}"
+    cluster = "n_workers: 2, threads_per_worker: 1"
     if processes is not None:
         cluster += f", processes: {processes}"
     minx, miny, maxx, maxy = catalog.bounds

@@ -16,7 +16,7 @@ Variants, each a fresh process, run interleaved (A B C D E A B C D E ...):
 * ``gdal``: ``peers/gdal_median.py``, GDAL 3.13 alone in one process (VRT pixel functions + ``gdal raster calc
   --dialect builtin --calc median`` -> COG), run with the Python of a venv holding ``gdal-wheel`` (``--gdal-python``,
   ``$GDAL_PYTHON``, default ``benchmarks/.data/gdal-venv/bin/python``; skipped, and said so, when there is none),
-  with ``GDAL_CACHEMAX`` = rasterflow's ``gdal_cachemax`` (``common.GDAL_CACHEMAX``).
+  with ``GDAL_CACHEMAX`` = ``common.GDAL_CACHEMAX`` (64MB; rasterflow runs with its default ``gdal_cachemax: auto``).
   Make that venv with: ``python3.12 -m venv benchmarks/.data/gdal-venv &&
   benchmarks/.data/gdal-venv/bin/pip install 'gdal-wheel>=3.13,<3.14' 'numpy>=2,<3'``.
 
