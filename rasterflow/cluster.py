@@ -545,7 +545,8 @@ def open_cluster(settings: ClusterSettings, layout: WorkerLayout) -> Iterator[Cl
         yield ClusterHandle(
             client=client,
             layout=layout,
-            dashboard_link=_dashboard_link(client),
+            # one process starts no dashboard (_start_in_process): the link the client formats would lead nowhere
+            dashboard_link=_dashboard_link(client) if layout.processes else None,
             address=cluster.scheduler_address,
             is_local=True,
         )

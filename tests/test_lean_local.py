@@ -100,6 +100,8 @@ def test_one_process_starts_no_worker_process_and_processes_true_does(both_modes
     assert lean["processes"] is False and lean["n_workers"] == 1 and lean["threads_per_worker"] == 2
     assert lean["memory_limit"] == 2 * 10**9  # the per-worker limit is the process's
     assert procs["processes"] is True and procs["n_workers"] == 2 and procs["address"].startswith("tcp://")
+    # one process starts no dashboard, so it prints and records no link that would lead nowhere
+    assert lean["dashboard_link"] is None and "dashboard:" not in both_modes["lean"]["stdout"]
 
 
 def test_the_report_shows_the_process_memory(both_modes):
