@@ -162,10 +162,20 @@ CLIENT_BASELINE_BYTES = 225 * 10**6
 """RSS of the client process that runs a LocalCluster (the scheduler lives in it) and the writers, before it holds
 any block: 217-219 MB measured on Zarr runs by benchmarks/budget_accuracy.py on 2026-12-03 (a fresh process each)."""
 
-COG_WRITER_BYTES = 40 * 10**6
-"""What the COG writer adds to the client besides the blocks and its GDAL cache: the GTiff and COG drivers, the
-overview buffers, the received blocks' frames. Measured 55-104 MB above the Zarr client on four COG runs, of which
-the blocks in flight and the cache explain all but 30-45 MB (budget_accuracy.py, 2026-12-03)."""
+COG_WRITER_BYTES = 10 * 10**6
+"""What the COG writer adds to the client besides the blocks, its GDAL cache and the COG copy's row buffers
+(:data:`COG_COPY_ROWS`): the GTiff and COG drivers, the received blocks' frames."""
+
+COG_COPY_ROWS = 4800
+"""Output rows (each ``width × bands × stored itemsize`` bytes) that GDAL's COG driver holds, besides its block
+cache, while it tiles the finished file and builds its overviews on one thread (``write.cog``, after the last
+block). Measured 2026-12-04 (rasterio 1.4 / GDAL 3.10, float32, 1 band, 512² COG tiles, ``OVERVIEWS=AUTO``): at 4096
+px wide ~80 MB, at 10980 px ~200 MB above the cache, whatever the cache size (16, 64, 256 MB). It is what the budget
+missed on the 10980² x 36 season's COG client (predicted 538 MB, measured 757 MB)."""
+
+COG_COPY_ROWS_PER_THREAD = 2200
+"""Rows each further copy thread adds (``NUM_THREADS`` = the client's cores): +30-40 MB at 4096 px, +95-110 MB at
+10980 px per thread, measured as :data:`COG_COPY_ROWS`."""
 
 DEFAULT_GDAL_CACHEMAX = 256 * 10**6
 """``cluster.gdal_cachemax: auto`` where a cache helps: warped reads (a WarpedVRT reads source blocks again for
@@ -366,6 +376,8 @@ class BudgetInputs:
     """The sources' codec (the first loaded asset's header: ``ZSTD``, ``DEFLATE``...); None = unknown."""
     one_process: bool = False
     """The run is one process (``cluster.processes: false``): the worker is the client's own process."""
+    client_cores: int = 1
+    """Cores of the machine the client runs on: the COG copy's threads (``write.cog.copy_threads``)."""
     writer_cachemax: int | None = None
     """GDAL's cache of the COG writer in the client; None = ``gdal_cachemax`` (``cluster.gdal_cachemax: auto``
     gives the writer :data:`DEFAULT_GDAL_CACHEMAX` whatever the workers get)."""
@@ -916,8 +928,19 @@ def client_peak_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
     units = n_files * inputs.n_spatial_chunks
     inflight = min(units, max(2, COG_INFLIGHT_PER_THREAD * inputs.n_workers * inputs.threads_per_worker))
     output = n_files * n_bands * inputs.grid_shape[0] * inputs.grid_shape[1] * w
-    return (CLIENT_BASELINE_BYTES + COG_WRITER_BYTES + inflight * n_bands * cy * cx * w
+    # first the blocks stream in, then (the blocks gone) each file is copied into a COG: the larger of the two
+    streaming = inflight * n_bands * cy * cx * w
+    return (CLIENT_BASELINE_BYTES + COG_WRITER_BYTES + max(streaming, cog_copy_bytes(shape, inputs))
             + min(inputs.client_cachemax, output))
+
+
+def cog_copy_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
+    """What GDAL's COG driver holds besides its cache while it copies one output file into a COG with overviews:
+    :data:`COG_COPY_ROWS` rows, and :data:`COG_COPY_ROWS_PER_THREAD` more per further thread, of the file's width
+    (a tile's with ``output.tiling``) × bands × stored itemsize."""
+    width = inputs.grid_shape[1] if not shape.tile_size else min(inputs.grid_shape[1], shape.tile_size)
+    row = width * len(shape.bands) * dtype_itemsize(shape.stored_dtype or inputs.dtype)
+    return int(row * (COG_COPY_ROWS + COG_COPY_ROWS_PER_THREAD * (max(1, inputs.client_cores) - 1)))
 
 
 def estimate_task_count(inputs: BudgetInputs, n_bands: int, reduce_method: str | None,

@@ -511,6 +511,7 @@ def budget_inputs(spec: Any, grid: GridPlan, layout: WorkerLayout, n_items: int 
         load_dtype=load_dtype,
         one_process=not layout.processes,
         source_codec=source_codec,
+        client_cores=local_machine().cores,
     )
 
 

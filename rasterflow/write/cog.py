@@ -73,11 +73,11 @@ _PREDICTORS = {"auto": "YES", "none": "NO", "standard": "STANDARD", "floating_po
 
 
 def copy_threads() -> int:
-    """Threads GDAL's COG driver compresses tiles and builds overviews with: the cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    """Threads GDAL's COG driver compresses tiles and builds overviews with: the cores this process may run on
+    (what the budget counts for the copy, ``budget.cog_copy_bytes``)."""
+    from rasterflow.sizing import local_machine
+
+    return max(1, local_machine().cores)
 
 
 def _stream_name(final: str, token: str) -> str:
