@@ -600,6 +600,7 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
     spec = loaded.spec
 
     def on_progress(done: int, total: int) -> None:
+        interrupts.check()  # a signal whose exception Python swallowed (it landed in a __del__) still stops the run
         counts[:] = [done, total]
         progress.update(done, total)
         reads.check(done, total)  # source.on_read_error: nodata over its quota stops the run before the commit

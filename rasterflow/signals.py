@@ -79,6 +79,14 @@ class Interrupts:
         """From now on only record signals (the output is being committed)."""
         self.deferring = True
 
+    def check(self) -> None:
+        """Raise :class:`RunInterrupted` for a signal that arrived while not deferring and whose exception never
+        reached the run: a handler's exception raised inside a finalizer (an object's ``__del__``, such as a
+        distributed ``Future`` released by the garbage collector) or a callback is printed and swallowed by Python,
+        and the run would go on to finish with exit 0. The run calls this after every finished block."""
+        if self.received is not None and not self.deferring:
+            raise RunInterrupted(self.received)
+
     def resume(self) -> None:
         """Raise on signals again; a signal that arrived while deferred is raised now."""
         self.deferring = False

@@ -143,6 +143,41 @@ def test_a_signal_after_the_commit_still_reports_success(sample, tmp_path, monke
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the API put the handlers back
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed exception itself
+def test_a_signal_whose_exception_python_swallowed_still_stops_the_run(sample, tmp_path):
+    """A real SIGINT whose handler runs inside a finalizer: Python prints the handler's exception ("Exception
+    ignored in ... __del__") and drops it, as it did once in CI inside distributed's ``Future.__del__``, and the run
+    went on to exit 0. The run now checks after every block that no signal is left unraised. Here the finalizer runs
+    in the main thread when the plan is announced (``on_event``), before the first block."""
+    import rasterflow
+
+    spec = tmp_path / "swallowed.yaml"
+    spec.write_text(spec_text(sample, reduce="{method: median}", output="out/swallowed.zarr",
+                              chunks="{time: -1, y: 64, x: 64}"))
+    fired = []
+
+    class SignalInAFinalizer:
+        def __del__(self) -> None:
+            fired.append(True)
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs here, inside __del__: its exception is swallowed
+            fired.append(False)  # not reached: the handler's exception ended __del__
+
+    def on_event(kind: str, fields: dict) -> None:
+        if kind == "plan":
+            SignalInAFinalizer()  # made and collected at once, in the main thread
+
+    from rasterflow.errors import RunInterrupted
+
+    with pytest.raises(RunInterrupted) as raised:  # the API raises what interrupted the run, with its result
+        rasterflow.run(spec, on_event=on_event, handle_signals=True, state_dir=tmp_path / "state")
+    assert fired == [True]  # the handler's exception was raised inside __del__ (and dropped there by Python)
+    result = raised.value.result
+    assert result.status == "interrupted" and result.exit_code == 130, (result.status, result.error)
+    out = tmp_path / "out" / "swallowed.zarr"
+    assert not out.exists()  # never committed
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the API put the handlers back
+
+
 def test_sighup_mid_cog_run_leaves_no_temp_file(sample, tmp_path):
     spec = tmp_path / "hup.yaml"
     spec.write_text(spec_text(sample, reduce="{method: median}", output="out/hup.tif", chunks="{time: -1, y: 16, x: 16}",
