@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping
 from rasterflow.errors import BudgetExceededError
 from rasterflow.expr import Expression, parse_expression
 from rasterflow.gdalenv import VSI_CACHE_SIZE  # stdlib only: validate stays light
-from rasterflow.units import dtype_itemsize, format_bytes
+from rasterflow.units import dtype_itemsize, format_bytes, parse_bytes
 from rasterflow.write.shards import SHARDS_IN_FLIGHT, shard_side  # stdlib only
 
 __all__ = [
@@ -181,6 +181,12 @@ DEFAULT_GDAL_CACHEMAX = 256 * 10**6
 """``cluster.gdal_cachemax: auto`` where a cache helps: warped reads (a WarpedVRT reads source blocks again for
 neighbouring output rows) and source tiles cut by chunk or sub-block edges (decoded once per side); and the COG
 writer's cache in the client (overviews read the full-resolution tiles back)."""
+
+def spec_gdal_cachemax(value: str | int) -> int:
+    """``cluster.gdal_cachemax`` in bytes before the plan has looked at the files: ``auto`` is
+    :data:`DEFAULT_GDAL_CACHEMAX` (``plan`` lowers it to :data:`ALIGNED_GDAL_CACHEMAX` when it can)."""
+    return DEFAULT_GDAL_CACHEMAX if value == "auto" else parse_bytes(value)
+
 
 ALIGNED_GDAL_CACHEMAX = 16 * 10**6
 """``cluster.gdal_cachemax: auto`` when every source file is on the output grid and its tiles fall on the chunks'
@@ -799,12 +805,17 @@ def shards_per_side(shape: PipelineShape, inputs: BudgetInputs) -> int:
     """Chunks per side of the Zarr v3 shards the writer makes (1: no shards, also for COG and Zarr format 2)."""
     if shape.output_format != "zarr" or shape.zarr_format != 3:
         return 1
+    itemsize = dtype_itemsize(shape.stored_dtype or inputs.dtype)
+    return shard_side(inputs.chunk_yx, itemsize, _store_blocks(shape, inputs), shape.zarr_shards)
+
+
+def _store_blocks(shape: PipelineShape, inputs: BudgetInputs) -> tuple[int, int]:
+    """Chunks per axis of one output store: the grid's, or a tile's with ``output.tiling``."""
     cy, cx = inputs.chunk_yx
     height, width = inputs.grid_shape
     if shape.tile_size:  # each tile is a store of its own
         height, width = min(height, shape.tile_size), min(width, shape.tile_size)
-    itemsize = dtype_itemsize(shape.stored_dtype or inputs.dtype)
-    return shard_side((cy, cx), itemsize, (math.ceil(height / cy), math.ceil(width / cx)), shape.zarr_shards)
+    return math.ceil(height / cy), math.ceil(width / cx)
 
 
 def held_for_shards(shape: PipelineShape, inputs: BudgetInputs) -> int:
@@ -817,7 +828,8 @@ def held_for_shards(shape: PipelineShape, inputs: BudgetInputs) -> int:
     if side <= 1:
         return 0
     cy, cx = inputs.chunk_yx
-    blocks = min(side, math.ceil(inputs.grid_shape[0] / cy)) * min(side, math.ceil(inputs.grid_shape[1] / cx))
+    rows, cols = _store_blocks(shape, inputs)
+    blocks = min(side, rows) * min(side, cols)
     entries = _n_groups(shape, inputs) * max(1, shape.n_quantiles)
     chunk_result = entries * len(shape.bands) * cy * cx * dtype_itemsize(inputs.dtype)
     shard_results = blocks * chunk_result

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Mapping, TextIO
 
 from rasterflow.errors import ClusterError
 from rasterflow.sizing import WorkerLayout
-from rasterflow.units import format_bytes, parse_bytes
+from rasterflow.units import format_bytes
 
 __all__ = [
     "ClusterSettings",
@@ -101,6 +101,8 @@ class ClusterSettings:
         """Build from the validated spec's ``cluster`` section (any object with the same attribute names);
         ``gdal_cachemax``: the plan's (``auto`` resolved, :attr:`rasterflow.plan.JobPlan.gdal_cachemax`), else the
         spec's size, or for ``auto`` without a plan the default."""
+        from rasterflow.budget import spec_gdal_cachemax
+
         memory = getattr(cluster, "memory", None)
         thresholds = {}
         if memory is not None:
@@ -115,16 +117,10 @@ class ClusterSettings:
             n_workers=cluster.n_workers,
             threads_per_worker=int(cluster.threads_per_worker),
             memory_limit=cluster.memory_limit,
-            gdal_cachemax=_cache_bytes(cluster.gdal_cachemax) if gdal_cachemax is None else int(gdal_cachemax),
+            gdal_cachemax=spec_gdal_cachemax(cluster.gdal_cachemax) if gdal_cachemax is None else int(gdal_cachemax),
             processes=getattr(cluster, "processes", True),
             **thresholds,
         )
-
-
-def _cache_bytes(value: str | int) -> int:
-    from rasterflow.budget import DEFAULT_GDAL_CACHEMAX
-
-    return DEFAULT_GDAL_CACHEMAX if value == "auto" else parse_bytes(value)
 
 
 @dataclass

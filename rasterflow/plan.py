@@ -16,7 +16,6 @@ from rasterflow.kernels import Program, absent_is_nan, group_indices, period_lab
 from rasterflow.read.remote import is_remote
 from rasterflow.sources import FileHeader, MissingAsset, SourceTable, gc_paused, missing_assets, resolve_sources
 from rasterflow.sizing import WorkerLayout, local_machine, size_local_run
-from rasterflow.units import parse_bytes
 
 __all__ = [
     "ChunkIndex", "GridPlan", "JobCost", "JobPlan", "build_chunk_index", "tiles_on_chunk_edges", "job_cost", "resolve_grid", "local_layout", "budget_inputs", "make_plan", "static_check",
@@ -488,7 +487,7 @@ def budget_inputs(spec: Any, grid: GridPlan, layout: WorkerLayout, n_items: int 
         n_time, source = spec.source.stac.max_items, "max_items"
     else:
         n_time, source = budget.DEFAULT_ASSUMED_ITEMS, "assumed"
-    gdal_cache = None if spec.cluster.gdal_cachemax == "auto" else parse_bytes(spec.cluster.gdal_cachemax)
+    gdal_cache = budget.spec_gdal_cachemax(spec.cluster.gdal_cachemax)
     limit_source = "spec" if spec.cluster.memory_limit != "auto" and layout.source == "local" else (
         "auto (local machine)" if layout.source == "local" else layout.source
     )
@@ -504,8 +503,8 @@ def budget_inputs(spec: Any, grid: GridPlan, layout: WorkerLayout, n_items: int 
         n_workers=layout.n_workers,
         memory_limit=layout.memory_limit,
         limit_source=limit_source,
-        gdal_cachemax=gdal_cache if gdal_cache is not None else budget.DEFAULT_GDAL_CACHEMAX,
-        writer_cachemax=gdal_cache if gdal_cache is not None else budget.DEFAULT_GDAL_CACHEMAX,
+        gdal_cachemax=gdal_cache,
+        writer_cachemax=gdal_cache,
         max_fraction=spec.budget.max_fraction,
         source_tile=source_tile,
         load_dtype=load_dtype,
