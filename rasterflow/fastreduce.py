@@ -9,6 +9,11 @@ block is transposed into a small reused ``(pixels, t)`` buffer (every pixel's da
 cache) and sorted in place along its last axis (NaN sorts last, so the first ``count`` entries of a row are its
 valid dates in order). The median and every quantile are then read from the sorted rows by index.
 
+Where it is installed, the compiled kernel ``rasterflow._sortnet`` (:data:`NATIVE`) does the same job ~3x faster
+and picks the same elements with the same arithmetic: 32 pixels at a time are sorted together by one comparator
+network of vector min/max instructions, with no transpose (see ``_sortnet.c``). The NumPy path below stays for
+installs without a C compiler and as the kernel's reference in the tests.
+
 Exactness: the values picked are the same elements NumPy picks, and the arithmetic on them is NumPy's:
 
 - median: the middle element for an odd count; ``(a + b) * 0.5`` in the input dtype for an even count, which is
@@ -28,11 +33,31 @@ is never modified and never copied whole.
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["BLOCK_PIXELS", "nanmedian_time", "nanquantile_sorted", "supports"]
+__all__ = ["BLOCK_PIXELS", "NATIVE", "nanmedian_time", "nanquantile_sorted", "supports"]
+
+def _load_native() -> ModuleType | None:
+    try:
+        return importlib.import_module("rasterflow._sortnet")
+    except ImportError:  # installed where no C compiler was found (setup.py builds it as optional): NumPy sorts
+        return None
+
+
+_native = _load_native()
+
+NATIVE = _native is not None
+"""Whether the compiled sorting-network kernel (``rasterflow/_sortnet.c``) is installed. It computes the same
+values as the NumPy path below (``tests/test_fast_reduce.py`` checks both against NumPy), ~3x faster at 36 dates:
+it sorts 32 pixels at a time with one comparator network of vector min/max operations instead of a strided
+transpose and a sort per pixel."""
+
+NATIVE_MAX_DATES = 4096
+"""The most dates the compiled kernel takes (its comparator network grows as t log² t); longer series use NumPy."""
 
 BLOCK_PIXELS = 8192
 """Pixels per transposed block: 8192 × 36 dates × 4 B = 1.2 MB, small enough to stay in L2/L3 while it is
@@ -72,12 +97,24 @@ def _sorted_blocks(values: np.ndarray) -> Iterator[tuple[int, int, np.ndarray, n
         yield y0, y1, rows, count
 
 
-def nanmedian_time(values: np.ndarray) -> np.ndarray:
+def _use_native(values: np.ndarray, native: bool | None) -> bool:
+    if native and _native is None:
+        raise RuntimeError("the compiled kernel rasterflow._sortnet is not installed (no C compiler at install?)")
+    wanted = NATIVE if native is None else native
+    return wanted and values.shape[0] <= NATIVE_MAX_DATES
+
+
+def nanmedian_time(values: np.ndarray, *, native: bool | None = None) -> np.ndarray:
     """NaN-ignoring median over axis 0: ``(t, y, x)`` -> ``(y, x)`` in the input dtype; NaN where no date is valid.
 
     Equal to ``np.nanmedian(values, axis=0)`` (see the module docstring for the one sign-of-zero caveat).
+    ``native``: the compiled kernel (True), the NumPy path (False) or the kernel where installed (None).
     """
     out = np.empty(values.shape[1:], dtype=values.dtype)
+    if _use_native(values, native):
+        assert _native is not None
+        _native.nanmedian(values, out)
+        return out
     flat = out.reshape(-1)
     width = values.shape[2]
     half = values.dtype.type(0.5)
@@ -94,12 +131,16 @@ def nanmedian_time(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def nanquantile_sorted(values: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:
+def nanquantile_sorted(values: np.ndarray, quantiles: Sequence[float], *, native: bool | None = None) -> np.ndarray:
     """NaN-ignoring quantiles over axis 0 (``method="linear"``): ``(t, y, x)`` -> ``(q, y, x)``; NaN where no date
     is valid. ``np.nanquantile(values, list(quantiles), axis=0)``'s lerp (see the module docstring), on pixel-major
-    sorted blocks."""
+    sorted blocks. ``native`` as in :func:`nanmedian_time`."""
     dtype = values.dtype
     out = np.empty((len(quantiles), *values.shape[1:]), dtype=dtype)
+    if _use_native(values, native):
+        assert _native is not None
+        _native.nanquantile(values, [float(q) for q in quantiles], out)
+        return out
     flat = out.reshape(len(quantiles), values.shape[1] * values.shape[2])  # -1 is ambiguous for q = 0
     width = values.shape[2]
     for y0, y1, rows, count in _sorted_blocks(values):
