@@ -6,9 +6,11 @@ pixels), the mask (``--mask``, default the benchmarks' ``scl in (3, 8, 9, 10)``)
 then the reduction over time of the float32 NDVI series for median, quantile (0.1, 0.5, 0.9) and mean, and the
 whole fused task (``reduce_block``).
 
-"before" is ``rasterflow/kernels.py`` as of ``--before`` (a git revision; default the commit before the per-value
-tables of ``rasterflow/lookup.py``; 58664af is the one before the pixel-major reduction), loaded from git into its
-own module (a revision whose kernels.py imports other rasterflow modules than ``expr`` loads the working tree's); "after" is the working tree's. The variants are interleaved round by round
+"before" runs with the compiled kernels (``rasterflow.compiled``) switched off: by default (``--before numpy``) the
+working tree's ``kernels.py`` on its NumPy paths; with a git revision, ``rasterflow/kernels.py`` as of that revision
+(922a3f2: before the per-value tables of ``rasterflow/lookup.py``; 58664af: before the pixel-major reduction),
+loaded from git into its own module (a revision whose kernels.py imports other rasterflow modules than ``expr``
+loads the working tree's, NumPy paths). "after" is the working tree's, with the compiled kernels where installed. The variants are interleaved round by round
 (``--rounds``, medians reported; who goes first alternates) so a busy machine slows both alike. Every "after"
 result is checked against "before" (median and mean: bit for bit; quantile: max difference, the float32 lerp became
 NumPy's float64 one) and against NumPy (``np.nanmedian``, ``np.nanquantile`` with the list of quantiles, bit for
@@ -18,6 +20,7 @@ bit). Two floors for scale: one copy of the series (memory bandwidth) and one pi
 Usage::
 
     python benchmarks/kernel_stages.py                 # 1024^2 x 36, 5 rounds (about a minute on 2 busy cores)
+    python benchmarks/kernel_stages.py --size 512 --before 922a3f2
     python benchmarks/kernel_stages.py --size 512 --dates 16 --rounds 3
 """
 
@@ -38,10 +41,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rasterflow import fastreduce, kernels  # noqa: E402
+from rasterflow import compiled, fastreduce, kernels  # noqa: E402
 from rasterflow.expr import parse_expression  # noqa: E402
 
-BEFORE = "922a3f2"
+BEFORE = "numpy"
 QUANTILES = (0.1, 0.5, 0.9)
 
 
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mask", default="scl in (3, 8, 9, 10)", help="the mask (on the uint8 SCL)")
     args = parser.parse_args(argv)
 
-    before = load_before(args.before)
+    before = kernels if args.before == "numpy" else load_before(args.before)
     raw, common = make_task(args.size, args.dates, args.mask)
     planes_of = {before: planes_for(before, raw), kernels: planes_for(kernels, raw)}
     planes = planes_of[kernels]
@@ -145,10 +148,12 @@ def main(argv: list[str] | None = None) -> int:
             order = (("before", before), ("after", kernels))
             for label, run in stages:
                 for name, module in order if round_index % 2 == 0 else order[::-1]:  # alternate who goes first
+                    compiled.set_enabled(name == "after")
                     seconds, result = timed(lambda: run(module))
                     times.setdefault((label, name), []).append(seconds)
                     results[(label, name)] = result
                     del result
+            compiled.set_enabled(True)
             floors["copy of the series"].append(timed(lambda: np.copyto(scratch, series))[0])
             floors["pixel-major transpose (8192-px blocks)"].append(timed(lambda: floor_transpose(series))[0])
 
@@ -174,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     n_diff, largest = differing(quantile_after, quantile_before)
 
     print(f"kernel stages: {args.size}x{args.size} px x {args.dates} dates, mask {args.mask!r}, float32 NDVI, {nan_share:.0%} NaN, "
-          f"{empty_share:.1%} all-NaN pixels; before = kernels.py@{args.before}, after = working tree; "
+          f"{empty_share:.1%} all-NaN pixels; before = kernels.py@{args.before} without compiled kernels, after = working "
+          f"tree{' with' if compiled.available() else ' WITHOUT'} compiled kernels; "
           f"median of {args.rounds} interleaved rounds, one process")
     print()
     print("| stage | before | after | speed-up |")

@@ -9,9 +9,9 @@ block is transposed into a small reused ``(pixels, t)`` buffer (every pixel's da
 cache) and sorted in place along its last axis (NaN sorts last, so the first ``count`` entries of a row are its
 valid dates in order). The median and every quantile are then read from the sorted rows by index.
 
-Where it is installed, the compiled kernel ``rasterflow._sortnet`` (:data:`NATIVE`) does the same job ~3x faster
+Where it is installed, the compiled kernel ``rasterflow._native`` (:mod:`rasterflow.compiled`) does the same job ~3x faster
 and picks the same elements with the same arithmetic: 32 pixels at a time are sorted together by one comparator
-network of vector min/max instructions, with no transpose (see ``_sortnet.c``). The NumPy path below stays for
+network of vector min/max instructions, with no transpose (see ``_native.c``). The NumPy path below stays for
 installs without a C compiler and as the kernel's reference in the tests.
 
 Exactness: the values picked are the same elements NumPy picks, and the arithmetic on them is NumPy's:
@@ -33,28 +33,14 @@ is never modified and never copied whole.
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 from typing import Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["BLOCK_PIXELS", "NATIVE", "nanmedian_time", "nanquantile_sorted", "supports"]
+from rasterflow import compiled
 
-def _load_native() -> ModuleType | None:
-    try:
-        return importlib.import_module("rasterflow._sortnet")
-    except ImportError:  # installed where no C compiler was found (setup.py builds it as optional): NumPy sorts
-        return None
-
-
-_native = _load_native()
-
-NATIVE = _native is not None
-"""Whether the compiled sorting-network kernel (``rasterflow/_sortnet.c``) is installed. It computes the same
-values as the NumPy path below (``tests/test_fast_reduce.py`` checks both against NumPy), ~3x faster at 36 dates:
-it sorts 32 pixels at a time with one comparator network of vector min/max operations instead of a strided
-transpose and a sort per pixel."""
+__all__ = ["BLOCK_PIXELS", "NATIVE_MAX_DATES", "nanmedian_time", "nanquantile_sorted", "supports"]
 
 NATIVE_MAX_DATES = 4096
 """The most dates the compiled kernel takes (its comparator network grows as t log² t); longer series use NumPy."""
@@ -97,11 +83,14 @@ def _sorted_blocks(values: np.ndarray) -> Iterator[tuple[int, int, np.ndarray, n
         yield y0, y1, rows, count
 
 
-def _use_native(values: np.ndarray, native: bool | None) -> bool:
-    if native and _native is None:
-        raise RuntimeError("the compiled kernel rasterflow._sortnet is not installed (no C compiler at install?)")
-    wanted = NATIVE if native is None else native
-    return wanted and values.shape[0] <= NATIVE_MAX_DATES
+def _native_for(values: np.ndarray, native: bool | None) -> ModuleType | None:
+    """The compiled kernels to use on ``values``, or None for the NumPy path. ``native`` True: the compiled kernel
+    (an error where it is not installed); False: NumPy; None: the compiled kernel where installed and switched on.
+    """
+    kernels = None if native is False else compiled.module()
+    if native and kernels is None:
+        raise RuntimeError("the compiled kernels rasterflow._native are not installed (no C compiler at install?)")
+    return kernels if values.shape[0] <= NATIVE_MAX_DATES else None
 
 
 def nanmedian_time(values: np.ndarray, *, native: bool | None = None) -> np.ndarray:
@@ -111,9 +100,9 @@ def nanmedian_time(values: np.ndarray, *, native: bool | None = None) -> np.ndar
     ``native``: the compiled kernel (True), the NumPy path (False) or the kernel where installed (None).
     """
     out = np.empty(values.shape[1:], dtype=values.dtype)
-    if _use_native(values, native):
-        assert _native is not None
-        _native.nanmedian(values, out)
+    kernels = _native_for(values, native)
+    if kernels is not None:
+        kernels.nanmedian(values, out)
         return out
     flat = out.reshape(-1)
     width = values.shape[2]
@@ -137,9 +126,9 @@ def nanquantile_sorted(values: np.ndarray, quantiles: Sequence[float], *, native
     sorted blocks. ``native`` as in :func:`nanmedian_time`."""
     dtype = values.dtype
     out = np.empty((len(quantiles), *values.shape[1:]), dtype=dtype)
-    if _use_native(values, native):
-        assert _native is not None
-        _native.nanquantile(values, [float(q) for q in quantiles], out)
+    kernels = _native_for(values, native)
+    if kernels is not None:
+        kernels.nanquantile(values, [float(q) for q in quantiles], out)
         return out
     flat = out.reshape(len(quantiles), values.shape[1] * values.shape[2])  # -1 is ambiguous for q = 0
     width = values.shape[2]

@@ -134,7 +134,7 @@ def _working(planes: Planes, t: int, a: int, dtype: np.dtype, drop_addend: np.nd
     scale, offset, nodata = planes.scale[t, a], planes.offset[t, a], planes.nodata[t, a]
     table = lookup.working_table(raw.dtype, dtype, scale, offset, nodata)
     if table is not None:
-        values = table.take(lookup.table_index(raw))
+        values = lookup.gather(table, raw)
     else:
         values = lookup.scaled(raw, dtype, scale, offset, nodata)
     covered = planes.covered[a]
@@ -156,7 +156,7 @@ def _drop_addend(planes: Planes, t: int, program: Program, dtype: np.dtype) -> n
         raw = planes.raw[program.assets.index(name)][t]
         table = lookup.mask_addend_table(mask, raw.dtype, dtype)
         if table is not None:
-            return table.take(lookup.table_index(raw))
+            return lookup.gather(table, raw)
     raw_env = {name: planes.raw[a][t] for a, name in enumerate(program.assets)}
     return lookup.nan_addend(np.asarray(np.asarray(mask.evaluate(raw_env)) != 0), dtype)  # true or nonzero = drop
 

@@ -9,7 +9,7 @@ arithmetic the planes would see, element by element, so the values are the same 
 NaN is set by *adding* an addend plane of ``-0.0`` (keep) or NaN (drop) instead of ``np.copyto(..., where=mask)``:
 a masked copy branches on every pixel and a cloud mask is a random pattern (1 ms vs 0.1 ms per 512² plane,
 measured), while ``x + (-0.0)`` is ``x`` exactly for every float (``+0.0`` and ``-0.0`` included) and ``x + NaN``
-is NaN. NumPy only.
+is NaN. The gathers run in the compiled kernel where it is installed (:func:`gather`), else in NumPy.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import math
 
 import numpy as np
 
+from rasterflow import compiled
 from rasterflow.expr import Expression
 
-__all__ = ["TABLE_DTYPES", "table_index", "scaled", "working_table", "mask_addend_table", "nan_addend"]
+__all__ = ["TABLE_DTYPES", "gather", "table_index", "scaled", "working_table", "mask_addend_table", "nan_addend"]
 
 TABLE_DTYPES = frozenset({"uint8", "int8", "uint16", "int16"})
 """Raw dtypes small enough for a table (at most 65,536 entries: 256 KB of float32)."""
@@ -32,6 +33,24 @@ def table_index(raw: np.ndarray) -> np.ndarray:
     if raw.dtype.kind == "i":  # the same bytes as unsigned, in the array's own byte order
         return raw.view(np.dtype(f"u{raw.dtype.itemsize}").newbyteorder(raw.dtype.byteorder))
     return raw
+
+
+def gather(table: np.ndarray, raw: np.ndarray, *, native: bool | None = None) -> np.ndarray:
+    """``table.take(table_index(raw))``: each raw value's entry of a table of its dtype's whole domain.
+
+    With the compiled kernel (``native`` None: where installed; True: required) the gather is one pass over the
+    plane (np.take first casts the index to intp and checks every element's bounds: ~4x slower on a uint16 plane).
+    """
+    index = table_index(raw)
+    kernels = compiled.module()
+    if native and kernels is None:
+        raise RuntimeError("the compiled kernels rasterflow._native are not installed (no C compiler at install?)")
+    if native is False or kernels is None or not (index.flags.c_contiguous and index.dtype.isnative
+                                                  and table.flags.c_contiguous and table.dtype.isnative):
+        return table.take(index)
+    out = np.empty(index.shape, dtype=table.dtype)
+    kernels.take(table, index, out)
+    return out
 
 
 def _domain(dtype: np.dtype) -> np.ndarray:

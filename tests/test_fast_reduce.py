@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rasterflow import fastreduce, kernels
+from rasterflow import compiled, fastreduce, kernels
 from rasterflow.expr import parse_expression
 
 QUANTILES = (0.0, 0.1, 0.5, 0.9, 1.0)
@@ -208,23 +208,23 @@ def test_infinities_signed_zeros_and_nan_payloads(dtype, native):
 def test_native_kernel_is_built_and_checks_its_arguments():
     """setup.py builds the kernel wherever a C compiler is (CI's machines have one): a silent fallback to NumPy
     would only show as a 3x slower median."""
-    assert fastreduce.NATIVE, "rasterflow._sortnet was not built: is a C compiler installed?"
-    from rasterflow import _sortnet
+    assert compiled.available(), "rasterflow._native was not built: is a C compiler installed?"
+    from rasterflow import _native
 
     values = cloudy((6, 4, 5), np.float32, seed=1)
     with pytest.raises(ValueError, match="output"):
-        _sortnet.nanmedian(values, np.empty((4, 5), np.float64))  # the wrong dtype
+        _native.nanmedian(values, np.empty((4, 5), np.float64))  # the wrong dtype
     with pytest.raises(ValueError, match="output"):
-        _sortnet.nanmedian(values, np.empty((4, 4), np.float32))  # the wrong size
+        _native.nanmedian(values, np.empty((4, 4), np.float32))  # the wrong size
     with pytest.raises(TypeError, match="3-D"):
-        _sortnet.nanmedian(values[0], np.empty((5,), np.float32))
+        _native.nanmedian(values[0], np.empty((5,), np.float32))
     with pytest.raises(TypeError, match="3-D"):
-        _sortnet.nanmedian(values.astype(np.int32), np.empty((4, 5), np.float32))
+        _native.nanmedian(values.astype(np.int32), np.empty((4, 5), np.float32))
     with pytest.raises(ValueError, match="outside"):
-        _sortnet.nanquantile(values, [0.5, 1.5], np.empty((2, 4, 5), np.float32))
+        _native.nanquantile(values, [0.5, 1.5], np.empty((2, 4, 5), np.float32))
     out = np.empty((2, 4, 5), np.float32)[:, ::-1]  # not C-contiguous
     with pytest.raises((ValueError, BufferError)):
-        _sortnet.nanquantile(values, [0.5, 0.9], out)
+        _native.nanquantile(values, [0.5, 0.9], out)
     # series longer than the kernel takes go to NumPy, with the same values
     deep = cloudy((fastreduce.NATIVE_MAX_DATES + 1, 2, 2), np.float32, seed=2)
     assert_bitwise(fastreduce.nanmedian_time(deep), numpy_median(deep))

@@ -45,7 +45,8 @@ def random_raw(rng: np.random.Generator, dtype: str, shape: tuple[int, ...]) -> 
     (-0.5, 3.0, -1.0),            # negative scale: -0.0 can appear, and a negative nodata
     (1.0, 0.0, -9999.0),          # a nodata the dtype cannot hold
 ])
-def test_a_gathered_plane_equals_the_arithmetic_and_the_reference(raw_dtype, work, scale, offset, nodata):
+@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
+def test_a_gathered_plane_equals_the_arithmetic_and_the_reference(raw_dtype, work, scale, offset, nodata, native):
     rng = np.random.default_rng(3)
     raw = random_raw(rng, raw_dtype, (64, 97))
     raw[::7, ::5] = 0  # make sure the nodata value 0 is there
@@ -53,7 +54,8 @@ def test_a_gathered_plane_equals_the_arithmetic_and_the_reference(raw_dtype, wor
         raw[1::9, ::3] = -1
     table = lookup.working_table(np.dtype(raw_dtype), np.dtype(work), scale, offset, nodata)
     assert table is not None and table.size == 2 ** (8 * np.dtype(raw_dtype).itemsize)
-    gathered = table.take(lookup.table_index(raw))
+    gathered = lookup.gather(table, raw, native=native)
+    assert gathered.shape == raw.shape and gathered.dtype == np.dtype(work)
     arithmetic = lookup.scaled(raw, np.dtype(work), scale, offset, nodata)
     assert same_bits(gathered, arithmetic)
     assert same_bits(gathered, reference_working(raw, work, scale, offset, nodata))
@@ -87,14 +89,15 @@ def test_tables_are_cached_and_read_only():
     ("qa > 300", "uint8"),                     # never true for uint8
     ("1 < qa < 100", "uint16"),
 ])
-def test_a_mask_table_gathers_what_the_mask_gives_on_each_pixel(text, raw_dtype):
+@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
+def test_a_mask_table_gathers_what_the_mask_gives_on_each_pixel(text, raw_dtype, native):
     name = "scl" if "scl" in text else "qa"
     mask = parse_expression(text, [name])
     raw = random_raw(np.random.default_rng(5), raw_dtype, (33, 41))
     raw[0, :20] = np.arange(20)  # the listed classes are certainly there
     table = lookup.mask_addend_table(mask, np.dtype(raw_dtype), np.dtype("float32"))
     assert table is not None
-    addend = table.take(lookup.table_index(raw))
+    addend = lookup.gather(table, raw, native=native)
     expected_drop = np.broadcast_to(np.asarray(mask.evaluate({name: raw})) != 0, raw.shape)
     np.testing.assert_array_equal(np.isnan(addend), expected_drop)
     assert np.all(np.signbit(addend[~expected_drop]))  # -0.0: adding it changes nothing
@@ -169,4 +172,19 @@ def test_a_non_native_byte_order_gathers_the_same_values(raw_dtype):
         np.array([[0, 1, 7, 65535]], dtype=np.uint16).astype(raw_dtype)
     table = lookup.working_table(raw.dtype, np.dtype("float32"), 0.5, 1.0, -1.0)
     assert table is not None
-    assert same_bits(table.take(lookup.table_index(raw)), reference_working(raw, "float32", 0.5, 1.0, -1.0))
+    for native in (True, False):
+        assert same_bits(lookup.gather(table, raw, native=native), reference_working(raw, "float32", 0.5, 1.0, -1.0))
+    strided = np.ascontiguousarray(np.repeat(raw, 2, axis=1))[:, ::2]  # not contiguous: NumPy's take, same values
+    assert same_bits(lookup.gather(table, strided, native=True), reference_working(raw, "float32", 0.5, 1.0, -1.0))
+
+
+def test_the_compiled_gather_checks_its_table():
+    from rasterflow import _native
+
+    raw = np.arange(12, dtype=np.uint16).reshape(3, 4)
+    with pytest.raises(ValueError, match="every value"):
+        _native.take(np.zeros(256, np.float32), raw, np.empty((3, 4), np.float32))  # a uint8 table for uint16
+    with pytest.raises(ValueError, match="output"):
+        _native.take(np.zeros(65536, np.float32), raw, np.empty((3, 4), np.float64))
+    with pytest.raises(TypeError, match="uint8/uint16"):
+        _native.take(np.zeros(65536, np.float32), raw.astype(np.int32), np.empty((3, 4), np.float32))

@@ -277,12 +277,15 @@ static int build_network(int t)
 DEFINE_REDUCE(reduce_float, float, int32_t, 31, INT32_MAX, INT32_C(0x7F800000))
 DEFINE_REDUCE(reduce_double, double, int64_t, 63, INT64_MAX, INT64_C(0x7FF0000000000000))
 
+/* Whether a buffer's struct format is the one native-order code `want` ('<' / '>' count as native only where
+ * they are the machine's order). */
 static int has_format(const char *format, char want)
 {
     if (format == NULL) {
         return 0;
     }
-    if (format[0] == '<' || format[0] == '=' || format[0] == '@') {
+    if (format[0] == '=' || format[0] == '@' || (format[0] == '<' && PY_LITTLE_ENDIAN) ||
+        (format[0] == '>' && !PY_LITTLE_ENDIAN)) {
         format++;
     }
     return format[0] == want && format[1] == '\0';
@@ -418,6 +421,72 @@ static PyObject *nanquantile(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* out[i] = table[index[i]] for a uint8 / uint16 index: rasterflow.lookup's per-value tables (a raw plane to its
+ * working values, a mask asset to its NaN addends). np.take casts the index to intp first and checks every
+ * element's bounds; a table of every value of the index's dtype needs neither. */
+#define DEFINE_TAKE(NAME, TYPE, INDEX)                                                                            \
+    static void NAME(const TYPE *table, const INDEX *index, TYPE *out, Py_ssize_t n)                              \
+    {                                                                                                             \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                                      \
+            out[i] = table[index[i]];                                                                             \
+        }                                                                                                         \
+    }
+
+DEFINE_TAKE(take_float_u8, float, uint8_t)
+DEFINE_TAKE(take_float_u16, float, uint16_t)
+DEFINE_TAKE(take_double_u8, double, uint8_t)
+DEFINE_TAKE(take_double_u16, double, uint16_t)
+
+static PyObject *take(PyObject *self, PyObject *args)
+{
+    PyObject *table_obj, *index_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "OOO:take", &table_obj, &index_obj, &out_obj)) {
+        return NULL;
+    }
+    Py_buffer table, index, out;
+    if (PyObject_GetBuffer(table_obj, &table, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(index_obj, &index, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&table);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&table);
+        PyBuffer_Release(&index);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    int is_float = has_format(table.format, 'f'), is_double = has_format(table.format, 'd');
+    int is_u8 = has_format(index.format, 'B'), is_u16 = has_format(index.format, 'H');
+    Py_ssize_t n = index.len / (index.itemsize > 0 ? index.itemsize : 1);
+    if (!(is_float || is_double) || !(is_u8 || is_u16)) {
+        PyErr_SetString(PyExc_TypeError, "take: a float32/float64 table and a uint8/uint16 index");
+    } else if (table.len / table.itemsize != (is_u8 ? 256 : 65536)) {
+        PyErr_SetString(PyExc_ValueError, "take: the table must hold every value of the index's dtype");
+    } else if (!has_format(out.format, is_float ? 'f' : 'd') || out.len != n * table.itemsize) {
+        PyErr_SetString(PyExc_ValueError, "take: the output must be C-contiguous, of the table's dtype and the index's size");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        if (is_float && is_u8) {
+            take_float_u8((const float *)table.buf, (const uint8_t *)index.buf, (float *)out.buf, n);
+        } else if (is_float) {
+            take_float_u16((const float *)table.buf, (const uint16_t *)index.buf, (float *)out.buf, n);
+        } else if (is_u8) {
+            take_double_u8((const double *)table.buf, (const uint8_t *)index.buf, (double *)out.buf, n);
+        } else {
+            take_double_u16((const double *)table.buf, (const uint16_t *)index.buf, (double *)out.buf, n);
+        }
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&index);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyObject *comparators(PyObject *self, PyObject *args)
 {
     int t;
@@ -441,15 +510,18 @@ static PyMethodDef methods[] = {
     {"nanquantile", nanquantile, METH_VARARGS,
      "nanquantile(series, quantiles, out): np.nanquantile(series, list(quantiles), axis=0) (method linear) into the "
      "C-contiguous out of len(quantiles) * rows * cols values."},
+    {"take", take, METH_VARARGS,
+     "take(table, index, out): out = table[index] for a float32/float64 table of every value of the uint8/uint16 "
+     "index's dtype; all C-contiguous."},
     {"comparators", comparators, METH_VARARGS, "comparators(t): the number of comparators of the network for t dates."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_sortnet", "Sorting-network kernel of rasterflow.fastreduce.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_native", "Compiled kernels of rasterflow: the sorting network of fastreduce, the gathers of lookup.", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__sortnet(void)
+PyMODINIT_FUNC PyInit__native(void)
 {
     return PyModule_Create(&module);
 }
