@@ -437,6 +437,112 @@ DEFINE_TAKE(take_float_u16, float, uint16_t)
 DEFINE_TAKE(take_double_u8, double, uint8_t)
 DEFINE_TAKE(take_double_u16, double, uint16_t)
 
+/* The same with a second table's entries added: an asset's working values plus its mask's NaN / -0.0 addends in
+ * one pass (no addend plane written and read back). The sum is the dtype's own addition, as NumPy's `+=`. */
+#define DEFINE_TAKE_ADD(NAME, TYPE, INDEX, ADDEND_INDEX)                                                          \
+    static void NAME(const TYPE *table, const INDEX *index, const TYPE *addends, const ADDEND_INDEX *which,       \
+                     TYPE *out, Py_ssize_t n)                                                                     \
+    {                                                                                                             \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                                      \
+            out[i] = table[index[i]] + addends[which[i]];                                                         \
+        }                                                                                                         \
+    }
+
+DEFINE_TAKE_ADD(take_add_float_u8_u8, float, uint8_t, uint8_t)
+DEFINE_TAKE_ADD(take_add_float_u8_u16, float, uint8_t, uint16_t)
+DEFINE_TAKE_ADD(take_add_float_u16_u8, float, uint16_t, uint8_t)
+DEFINE_TAKE_ADD(take_add_float_u16_u16, float, uint16_t, uint16_t)
+DEFINE_TAKE_ADD(take_add_double_u8_u8, double, uint8_t, uint8_t)
+DEFINE_TAKE_ADD(take_add_double_u8_u16, double, uint8_t, uint16_t)
+DEFINE_TAKE_ADD(take_add_double_u16_u8, double, uint16_t, uint8_t)
+DEFINE_TAKE_ADD(take_add_double_u16_u16, double, uint16_t, uint16_t)
+
+/* A table and its index, checked: the table holds every value of the index's dtype. Sets *wide for uint16. */
+static int open_table(PyObject *table_obj, PyObject *index_obj, Py_buffer *table, Py_buffer *index, int *is_float,
+                      int *wide)
+{
+    if (PyObject_GetBuffer(table_obj, table, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        return -1;
+    }
+    if (PyObject_GetBuffer(index_obj, index, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(table);
+        return -1;
+    }
+    *is_float = has_format(table->format, 'f');
+    int is_u8 = has_format(index->format, 'B');
+    *wide = has_format(index->format, 'H');
+    if (!(*is_float || has_format(table->format, 'd')) || !(is_u8 || *wide)) {
+        PyErr_SetString(PyExc_TypeError, "take: a float32/float64 table and a uint8/uint16 index");
+    } else if (table->len / table->itemsize != (is_u8 ? 256 : 65536)) {
+        PyErr_SetString(PyExc_ValueError, "take: the table must hold every value of the index's dtype");
+    } else {
+        return 0;
+    }
+    PyBuffer_Release(table);
+    PyBuffer_Release(index);
+    return -1;
+}
+
+static PyObject *take_add(PyObject *self, PyObject *args)
+{
+    PyObject *table_obj, *index_obj, *addend_obj, *which_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "OOOOO:take_add", &table_obj, &index_obj, &addend_obj, &which_obj, &out_obj)) {
+        return NULL;
+    }
+    Py_buffer table, index, addends, which, out;
+    int is_float, wide, addend_float, addend_wide;
+    if (open_table(table_obj, index_obj, &table, &index, &is_float, &wide) < 0) {
+        return NULL;
+    }
+    if (open_table(addend_obj, which_obj, &addends, &which, &addend_float, &addend_wide) < 0) {
+        PyBuffer_Release(&table);
+        PyBuffer_Release(&index);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&table);
+        PyBuffer_Release(&index);
+        PyBuffer_Release(&addends);
+        PyBuffer_Release(&which);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = index.len / index.itemsize;
+    if (addend_float != is_float || which.len / which.itemsize != n) {
+        PyErr_SetString(PyExc_ValueError, "take_add: the tables must share a dtype and the indexes a size");
+    } else if (!has_format(out.format, is_float ? 'f' : 'd') || out.len != n * table.itemsize) {
+        PyErr_SetString(PyExc_ValueError, "take_add: the output must be C-contiguous, of the table's dtype and the index's size");
+    } else {
+        int kind = (is_float ? 0 : 4) + (wide ? 2 : 0) + (addend_wide ? 1 : 0);
+        Py_BEGIN_ALLOW_THREADS
+        switch (kind) {
+#define TAKE_ADD_CASE(K, NAME, TYPE, I1, I2)                                                                      \
+    case K:                                                                                                       \
+        NAME((const TYPE *)table.buf, (const I1 *)index.buf, (const TYPE *)addends.buf, (const I2 *)which.buf,    \
+             (TYPE *)out.buf, n);                                                                                 \
+        break;
+            TAKE_ADD_CASE(0, take_add_float_u8_u8, float, uint8_t, uint8_t)
+            TAKE_ADD_CASE(1, take_add_float_u8_u16, float, uint8_t, uint16_t)
+            TAKE_ADD_CASE(2, take_add_float_u16_u8, float, uint16_t, uint8_t)
+            TAKE_ADD_CASE(3, take_add_float_u16_u16, float, uint16_t, uint16_t)
+            TAKE_ADD_CASE(4, take_add_double_u8_u8, double, uint8_t, uint8_t)
+            TAKE_ADD_CASE(5, take_add_double_u8_u16, double, uint8_t, uint16_t)
+            TAKE_ADD_CASE(6, take_add_double_u16_u8, double, uint16_t, uint8_t)
+            TAKE_ADD_CASE(7, take_add_double_u16_u16, double, uint16_t, uint16_t)
+#undef TAKE_ADD_CASE
+        }
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&index);
+    PyBuffer_Release(&addends);
+    PyBuffer_Release(&which);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyObject *take(PyObject *self, PyObject *args)
 {
     PyObject *table_obj, *index_obj, *out_obj;
@@ -444,11 +550,8 @@ static PyObject *take(PyObject *self, PyObject *args)
         return NULL;
     }
     Py_buffer table, index, out;
-    if (PyObject_GetBuffer(table_obj, &table, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-        return NULL;
-    }
-    if (PyObject_GetBuffer(index_obj, &index, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-        PyBuffer_Release(&table);
+    int is_float, wide;
+    if (open_table(table_obj, index_obj, &table, &index, &is_float, &wide) < 0) {
         return NULL;
     }
     if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
@@ -457,22 +560,16 @@ static PyObject *take(PyObject *self, PyObject *args)
         return NULL;
     }
     PyObject *result = NULL;
-    int is_float = has_format(table.format, 'f'), is_double = has_format(table.format, 'd');
-    int is_u8 = has_format(index.format, 'B'), is_u16 = has_format(index.format, 'H');
-    Py_ssize_t n = index.len / (index.itemsize > 0 ? index.itemsize : 1);
-    if (!(is_float || is_double) || !(is_u8 || is_u16)) {
-        PyErr_SetString(PyExc_TypeError, "take: a float32/float64 table and a uint8/uint16 index");
-    } else if (table.len / table.itemsize != (is_u8 ? 256 : 65536)) {
-        PyErr_SetString(PyExc_ValueError, "take: the table must hold every value of the index's dtype");
-    } else if (!has_format(out.format, is_float ? 'f' : 'd') || out.len != n * table.itemsize) {
+    Py_ssize_t n = index.len / index.itemsize;
+    if (!has_format(out.format, is_float ? 'f' : 'd') || out.len != n * table.itemsize) {
         PyErr_SetString(PyExc_ValueError, "take: the output must be C-contiguous, of the table's dtype and the index's size");
     } else {
         Py_BEGIN_ALLOW_THREADS
-        if (is_float && is_u8) {
+        if (is_float && !wide) {
             take_float_u8((const float *)table.buf, (const uint8_t *)index.buf, (float *)out.buf, n);
         } else if (is_float) {
             take_float_u16((const float *)table.buf, (const uint16_t *)index.buf, (float *)out.buf, n);
-        } else if (is_u8) {
+        } else if (!wide) {
             take_double_u8((const double *)table.buf, (const uint8_t *)index.buf, (double *)out.buf, n);
         } else {
             take_double_u16((const double *)table.buf, (const uint16_t *)index.buf, (double *)out.buf, n);
@@ -513,6 +610,9 @@ static PyMethodDef methods[] = {
     {"take", take, METH_VARARGS,
      "take(table, index, out): out = table[index] for a float32/float64 table of every value of the uint8/uint16 "
      "index's dtype; all C-contiguous."},
+    {"take_add", take_add, METH_VARARGS,
+     "take_add(table, index, addends, which, out): out = table[index] + addends[which], both tables of every value "
+     "of their uint8/uint16 index's dtype, of one float dtype; all C-contiguous."},
     {"comparators", comparators, METH_VARARGS, "comparators(t): the number of comparators of the network for t dates."},
     {NULL, NULL, 0, NULL},
 };

@@ -125,29 +125,39 @@ def working_plane(planes: Planes, t: int, a: int, dtype: np.dtype, drop: np.ndar
     return _working(planes, t, a, dtype, None if drop is None else lookup.nan_addend(drop, dtype))
 
 
-def _working(planes: Planes, t: int, a: int, dtype: np.dtype, drop_addend: np.ndarray | None) -> np.ndarray:
-    """:func:`working_plane` with the mask as an addend plane (``-0.0`` keep, NaN drop; shared by the assets).
+def _working(planes: Planes, t: int, a: int, dtype: np.dtype,
+             drop_addend: np.ndarray | tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """:func:`working_plane` with the mask as an addend (``-0.0`` keep, NaN drop; shared by the assets): a plane,
+    or a per-value table and the raw plane it is gathered from (:func:`_drop_addend`).
 
     A small-integer asset is one gather from its :func:`rasterflow.lookup.working_table` (scale, offset and nodata
-    of every raw value), anything else the same arithmetic on the plane."""
+    of every raw value), with a table mask's addend gathered in the same pass; anything else the same arithmetic on
+    the plane."""
     raw = planes.raw[a][t]
     scale, offset, nodata = planes.scale[t, a], planes.offset[t, a], planes.nodata[t, a]
     table = lookup.working_table(raw.dtype, dtype, scale, offset, nodata)
     if table is not None:
-        values = lookup.gather(table, raw)
+        fused = drop_addend if isinstance(drop_addend, tuple) else None
+        values = lookup.gather(table, raw, addend=fused)
+        if fused is not None:
+            drop_addend = None
     else:
         values = lookup.scaled(raw, dtype, scale, offset, nodata)
     covered = planes.covered[a]
     if covered is not None:
         values += lookup.nan_addend(~covered[t], dtype)
-    if drop_addend is not None:
+    if isinstance(drop_addend, tuple):
+        values += lookup.gather(*drop_addend)
+    elif drop_addend is not None:
         values += drop_addend
     return values
 
 
-def _drop_addend(planes: Planes, t: int, program: Program, dtype: np.dtype) -> np.ndarray | None:
-    """Item ``t``'s mask (evaluated on the raw values) as an addend plane: NaN = drop, ``-0.0`` = keep; None
-    without a mask. A mask of one small-integer asset (``scl in (3, 8, 9, 10)``) is one gather from its table."""
+def _drop_addend(planes: Planes, t: int, program: Program,
+                 dtype: np.dtype) -> np.ndarray | tuple[np.ndarray, np.ndarray] | None:
+    """Item ``t``'s mask (evaluated on the raw values) as an addend, NaN = drop, ``-0.0`` = keep; None without a
+    mask. A mask of one small-integer asset (``scl in (3, 8, 9, 10)``) is its per-value table and that asset's raw
+    plane, for each masked asset to gather with its own values (:func:`_working`); any other mask a plane."""
     mask = program.mask
     if mask is None:
         return None
@@ -156,7 +166,7 @@ def _drop_addend(planes: Planes, t: int, program: Program, dtype: np.dtype) -> n
         raw = planes.raw[program.assets.index(name)][t]
         table = lookup.mask_addend_table(mask, raw.dtype, dtype)
         if table is not None:
-            return lookup.gather(table, raw)
+            return table, raw
     raw_env = {name: planes.raw[a][t] for a, name in enumerate(program.assets)}
     return lookup.nan_addend(np.asarray(np.asarray(mask.evaluate(raw_env)) != 0), dtype)  # true or nonzero = drop
 

@@ -188,3 +188,27 @@ def test_the_compiled_gather_checks_its_table():
         _native.take(np.zeros(65536, np.float32), raw, np.empty((3, 4), np.float64))
     with pytest.raises(TypeError, match="uint8/uint16"):
         _native.take(np.zeros(65536, np.float32), raw.astype(np.int32), np.empty((3, 4), np.float32))
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
+@pytest.mark.parametrize("raw_dtype, mask_dtype", [("uint16", "uint8"), ("uint8", "uint16"), ("int16", "int8"),
+                                                   ("uint16", "uint16")])
+@pytest.mark.parametrize("work", ["float32", "float64"])
+def test_a_gather_with_the_mask_addend_equals_the_two_gathers_added(raw_dtype, mask_dtype, work, native):
+    """The fused gather (an asset's working values plus its mask's NaN / -0.0 addend in one pass) gives the values
+    the asset plane plus the addend plane give: NaN where the mask drops or the value is nodata, else the value."""
+    rng = np.random.default_rng(11)
+    raw = random_raw(rng, raw_dtype, (37, 29))
+    raw[::5, ::3] = 0  # nodata
+    qa = random_raw(rng, mask_dtype, raw.shape)
+    mask = parse_expression("(qa & 3) == 1", ["qa"])
+    values_table = lookup.working_table(np.dtype(raw_dtype), np.dtype(work), 1e-4, -0.1, 0.0)
+    mask_table = lookup.mask_addend_table(mask, np.dtype(mask_dtype), np.dtype(work))
+    assert values_table is not None and mask_table is not None
+    fused = lookup.gather(values_table, raw, addend=(mask_table, qa), native=native)
+    expected = reference_working(raw, work, 1e-4, -0.1, 0.0)
+    drop = np.asarray(mask.evaluate({"qa": qa})) != 0
+    expected[drop] = np.nan
+    assert drop.any() and (~drop).any()
+    assert same_bits(fused, expected)
+    assert same_bits(fused, values_table.take(lookup.table_index(raw)) + mask_table.take(lookup.table_index(qa)))
