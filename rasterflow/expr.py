@@ -87,13 +87,19 @@ class Expression:
     """True when the result is certainly boolean (a comparison, ``in``, ``isnan``, ``not``, ``&``/``|`` of those)."""
     _tree: ast.Expression = field(compare=False, repr=False)
 
-    def evaluate(self, env: Mapping[str, Any]) -> Any:
+    def evaluate(self, env: Mapping[str, Any], out: np.ndarray | None = None) -> Any:
         """Evaluate on NumPy arrays, Dask arrays or xarray objects; lazy inputs give a lazy result.
+
+        With ``out``, on NumPy arrays, an outermost ``+ - * /`` writes into ``out`` when its result has ``out``'s
+        dtype and shape (then ``out`` is returned; else the result, as without ``out``): the same values, without a
+        new array and a copy. Intermediate results stay new arrays, so :attr:`live_arrays` holds as analysed.
 
         Parameters
         ----------
         env : Mapping[str, Any]
             Values for at least every name in :attr:`names`.
+        out : numpy.ndarray, optional
+            Where the result may be written (a slice of the caller's output, say), saving a copy.
 
         Raises
         ------
@@ -107,7 +113,7 @@ class Expression:
             raise source.error(f"no value given for {', '.join(missing)}", source.start(first),
                                f"given: {', '.join(sorted(map(str, env))) or 'nothing'}")
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return _Evaluator(_ARRAY_OPS, env, self.text).walk(self._tree.body)
+            return _Evaluator(_ARRAY_OPS, env, self.text, out=out).walk(self._tree.body)
 
     @property
     def is_bit_test(self) -> bool:
@@ -420,43 +426,47 @@ class _Checker:
 class _Evaluator:
     """Walks a checked tree. The operations come from ``ops``: real arrays, or the stand-ins that count liveness."""
 
-    def __init__(self, ops: Any, env: Mapping[str, Any], text: str):
+    def __init__(self, ops: Any, env: Mapping[str, Any], text: str, out: np.ndarray | None = None):
         self._ops = ops
         self._env = env
         self._text = text
+        self._out = out if ops is _ARRAY_OPS else None  # the analyses' stand-ins never write
 
-    def walk(self, node: ast.AST) -> Any:
+    def walk(self, node: ast.AST, root: bool = True) -> Any:
         ops = self._ops
         if isinstance(node, ast.Constant):
             return ops.literal(node.value)
         if isinstance(node, ast.Name):
             return self._env[node.id]
         if isinstance(node, ast.BinOp):
-            return self._apply(node, ops.binary, type(node.op), self.walk(node.left), self.walk(node.right))
+            left, right = self.walk(node.left, False), self.walk(node.right, False)
+            if root and self._out is not None and _fits(self._out, type(node.op), left, right):
+                return self._apply(node, _into, type(node.op), left, right, self._out)
+            return self._apply(node, ops.binary, type(node.op), left, right)
         if isinstance(node, ast.UnaryOp):
             if isinstance(node.op, ast.UAdd):
-                return self.walk(node.operand)
-            return self._apply(node, ops.unary, type(node.op), self.walk(node.operand))
+                return self.walk(node.operand, False)
+            return self._apply(node, ops.unary, type(node.op), self.walk(node.operand, False))
         if isinstance(node, ast.BoolOp):
-            result = self.walk(node.values[0])
+            result = self.walk(node.values[0], False)
             for value in node.values[1:]:
-                result = self._apply(node, ops.logical, type(node.op), result, self.walk(value))
+                result = self._apply(node, ops.logical, type(node.op), result, self.walk(value, False))
             return result
         if isinstance(node, ast.Compare):
             return self._compare(node)
         if isinstance(node, ast.Call):
-            args = [self.walk(arg) for arg in node.args]
+            args = [self.walk(arg, False) for arg in node.args]
             assert isinstance(node.func, ast.Name)  # the checker allows only named functions
             return self._apply(node, ops.call, node.func.id, *args)
         raise AssertionError(f"unchecked node {type(node).__name__}")  # the checker lets nothing else through
 
     def _compare(self, node: ast.Compare) -> Any:
-        ops, left, combined = self._ops, self.walk(node.left), None
+        ops, left, combined = self._ops, self.walk(node.left, False), None
         for op, comparator in zip(node.ops, node.comparators):
             if isinstance(op, (ast.In, ast.NotIn)):
                 right, step = None, self._membership(node, op, left, comparator)
             else:
-                right = self.walk(comparator)
+                right = self.walk(comparator, False)
                 step = self._apply(node, ops.compare, type(op), left, right)
             left = right  # the previous operand is no longer needed
             combined = step if combined is None else self._apply(node, ops.logical, ast.And, combined, step)
@@ -548,6 +558,29 @@ class _ArrayOps:
 
 
 _ARRAY_OPS = _ArrayOps()
+
+_INTO_UFUNCS: dict[type[ast.operator], Any] = {ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply,
+                                                   ast.Div: np.true_divide}
+
+
+def _fits(into: np.ndarray, op: type[ast.operator], left: Any, right: Any) -> bool:
+    """Whether ``left op right`` on NumPy arrays and Python numbers can be written into ``into``: the same dtype
+    (NumPy's promotion, Python numbers weak) and shape as the result would have, so the values are those of
+    ``left op right``."""
+    if op not in _INTO_UFUNCS:
+        return False
+    operands = (left, right)
+    if not all(type(v) is np.ndarray or _is_scalar(v) for v in operands) or all(_is_scalar(v) for v in operands):
+        return False
+    try:
+        shape = np.broadcast_shapes(*(np.shape(v) for v in operands))
+        return bool(np.result_type(left, right) == into.dtype and shape == into.shape)
+    except (TypeError, ValueError, OverflowError):  # the operation itself then says what is wrong, located
+        return False
+
+
+def _into(op: type[ast.operator], left: Any, right: Any, into: np.ndarray) -> np.ndarray:
+    return _INTO_UFUNCS[op](left, right, out=into)  # type: ignore[no-any-return]
 
 
 class _LiveCount:

@@ -301,8 +301,12 @@ def _band_series(source: Planes | ItemStream, program: Program, view: TaskItems 
                     del more, take
                 del filled
             for name, expression in program.bands:
-                env[name] = np.asarray(expression.evaluate(env), dtype=dtype)
-                series[name][step] = env[name]
+                slot = series[name][step]
+                result = expression.evaluate(env, out=slot)  # the last operation writes into the series if it can
+                if result is not slot:
+                    slot[...] = np.asarray(result, dtype=dtype)
+                env[name] = slot
+                del result
             del env
     return series
 

@@ -713,3 +713,46 @@ def test_where_with_xarray_keeps_coordinates():
     assert isinstance(result.data, da.Array)
     assert list(result.x.values) == [10, 20, 30, 40]
     np.testing.assert_array_equal(result.values, [0, 0, 2, 3])
+
+
+@pytest.mark.parametrize("text, plain", [
+    ("(nir - red) / (nir + red)", lambda red, nir, blue: (nir - red) / (nir + red)),
+    ("2.5 * (nir - red) / (nir + 6 * red - 7.5 * blue + 1)",
+     lambda red, nir, blue: 2.5 * (nir - red) / (nir + 6 * red - 7.5 * blue + 1)),
+    ("nir - red", lambda red, nir, blue: nir - red),                        # the root reads inputs only
+    ("sqrt(nir) * 2 - red / 3", lambda red, nir, blue: np.sqrt(nir) * 2 - red / 3),
+    ("(nir - red) / (nir + red) > 0.2", lambda red, nir, blue: (nir - red) / (nir + red) > 0.2),  # boolean
+    ("where(nir > red, nir - red, 0) + 1", lambda red, nir, blue: np.where(nir > red, nir - red, 0) + 1),
+    ("1 - red", lambda red, nir, blue: 1 - red),                            # a scalar on the left
+    ("red", lambda red, nir, blue: red),                                    # no operation at all
+])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_out_gets_the_plain_values_and_inputs_are_left_alone(text, plain, dtype):
+    """The last operation may write into the caller's ``out``: the values are those of a plain NumPy evaluation,
+    the inputs are untouched, and an ``out`` of another dtype than the result's is not written."""
+    rng = np.random.default_rng(4)
+    env = {name: rng.random((6, 7)).astype(dtype) + 0.1 for name in ("red", "nir", "blue")}
+    env["red"][0, 0] = np.nan
+    before = {k: v.copy() for k, v in env.items()}
+    expression = parse_expression(text, list(env))
+    with np.errstate(all="ignore"):
+        reference = plain(**before)
+        out = np.full((6, 7), -1.0, dtype=dtype)
+        written = expression.evaluate(dict(env), out=out)
+    for name, value in env.items():
+        np.testing.assert_array_equal(value, before[name])
+    np.testing.assert_array_equal(written, reference)
+    assert np.asarray(written).dtype == np.asarray(reference).dtype
+    if text in ("red", "(nir - red) / (nir + red) > 0.2"):
+        assert written is not out and (out == -1.0).all()  # an input itself / a boolean result: out untouched
+    else:
+        assert written is out
+
+
+def test_out_of_another_shape_or_dtype_is_not_written():
+    expression = parse_expression("a * 2 + b", ["a", "b"])
+    a, b = np.arange(6.0).reshape(2, 3), np.ones(3)
+    for out in (np.zeros((2, 3), np.float32), np.zeros((3, 2)), np.zeros((2, 3), np.float64)[:, :1]):
+        result = expression.evaluate({"a": a, "b": b}, out=out)
+        assert result is not out and not out.any()
+        np.testing.assert_array_equal(result, a * 2 + b)
