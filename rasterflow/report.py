@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from rasterflow import compiled
 from rasterflow.units import format_bytes
 
 __all__ = [
@@ -119,7 +120,11 @@ def library_versions() -> dict[str, str | None]:
         except md.PackageNotFoundError:
             versions[key] = None
     versions["gdal"] = _gdal_version()
-    order = ["python", "numpy", "dask", "distributed", "xarray", "rasterio", "gdal", "stackstac", "pystac_client", "zarr"]
+    # where setup.py found no C compiler the kernels run on their NumPy paths: same values, slower (the client's
+    # install; workers of an external cluster import their own)
+    versions["compiled_kernels"] = "rasterflow._native" if compiled.available() else None
+    order = ["python", "numpy", "dask", "distributed", "xarray", "rasterio", "gdal", "stackstac", "pystac_client", "zarr",
+             "compiled_kernels"]
     return {key: versions[key] for key in order}
 
 

@@ -287,35 +287,47 @@ def file_checksum(path: str) -> str:
 # statistics of what was written
 
 
+@dataclasses.dataclass
 class _Stats:
     """Streaming minimum, maximum, mean, standard deviation and valid percentage of stored values."""
 
-    def __init__(self) -> None:
-        self.count = 0
-        self.total = 0
-        self.sum = 0.0
-        self.sumsq = 0.0
-        self.min = float("inf")
-        self.max = float("-inf")
+    count: int = 0
+    total: int = 0
+    sum: float = 0.0
+    sumsq: float = 0.0
+    min: float = float("inf")
+    max: float = float("-inf")
 
-    def add(self, values: Any, nodata: float | None) -> None:
+    @classmethod
+    def of(cls, values: Any, nodata: float | None) -> _Stats:
+        """The statistics of one block."""
         import numpy as np
 
         values = np.asarray(values)
-        self.total += values.size
+        block = cls(total=values.size)
         valid = values
         if values.dtype.kind == "f":
             valid = valid[~np.isnan(valid)]
         if nodata is not None and not np.isnan(nodata):
             valid = valid[valid != nodata]
         if valid.size == 0:
-            return
+            return block
         as_float = valid.astype(np.float64)
-        self.count += valid.size
-        self.sum += float(as_float.sum())
-        self.sumsq += float(np.square(as_float).sum())
-        self.min = min(self.min, float(as_float.min()))
-        self.max = max(self.max, float(as_float.max()))
+        block.count = valid.size
+        block.sum = float(as_float.sum())
+        block.sumsq = float(np.square(as_float).sum())
+        block.min, block.max = float(as_float.min()), float(as_float.max())
+        return block
+
+    def add(self, block: _Stats) -> None:
+        """Add a block's statistics (blocks added in one order give the same sums whoever computed them)."""
+        self.total += block.total
+        if not block.count:
+            return
+        self.count += block.count
+        self.sum += block.sum
+        self.sumsq += block.sumsq
+        self.min, self.max = min(self.min, block.min), max(self.max, block.max)
 
     def as_stac(self) -> dict[str, float]:
         percent = 100.0 * self.count / self.total if self.total else 0.0
@@ -327,7 +339,16 @@ class _Stats:
                 "valid_percent": percent}
 
 
+def _threads() -> int:
+    """Threads for the statistics pass: it runs in the client after the workers are done (decoding and NumPy
+    release the GIL); 121 Zarr chunks of 4 MB took 2.1 s on one thread."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
 def _cog_statistics(path: str) -> list[dict[str, float]]:
+    import concurrent.futures
+    import threading
+
     import rasterio
 
     options: dict[str, str] = {}
@@ -335,16 +356,36 @@ def _cog_statistics(path: str) -> list[dict[str, float]]:
         from rasterflow.gdalenv import aws_endpoint_options
 
         options = aws_endpoint_options()
-    with rasterio.Env(GDAL_PAM_ENABLED="NO", **options), rasterio.open(path) as src:  # no .aux.xml beside the output
-        stats = [_Stats() for _ in range(src.count)]
-        for _ij, window in src.block_windows(1):
+    env = rasterio.Env(GDAL_PAM_ENABLED="NO", **options)  # no .aux.xml beside the output
+    local = threading.local()
+    opened: list[Any] = []
+
+    def block_stats(window: Any) -> list[_Stats]:
+        src = getattr(local, "src", None)
+        if src is None:  # a dataset handle per thread: one handle must not read in two threads at once
+            with env:
+                src = local.src = rasterio.open(path)
+            opened.append(src)
+        with env:
             block = src.read(window=window)
-            for band, acc in enumerate(stats):
-                acc.add(block[band], src.nodata)
+        return [_Stats.of(band, src.nodata) for band in block]
+
+    with env, rasterio.open(path) as first:
+        windows = [window for _ij, window in first.block_windows(1)]
+        stats = [_Stats() for _ in range(first.count)]
+    try:
+        with concurrent.futures.ThreadPoolExecutor(_threads()) as pool:
+            for per_band in pool.map(block_stats, windows):  # in block order: the sums do not depend on timing
+                for acc, block in zip(stats, per_band):
+                    acc.add(block)
+    finally:
+        for src in opened:
+            src.close()
     return [s.as_stac() for s in stats]
 
 
 def _zarr_statistics(path: str, names: Sequence[str]) -> list[dict[str, float]]:
+    import concurrent.futures
     import itertools
 
     import numpy as np
@@ -352,17 +393,19 @@ def _zarr_statistics(path: str, names: Sequence[str]) -> list[dict[str, float]]:
 
     group = zarr.open_group(str(path), mode="r")
     out = []
-    for name in names:
-        array = group[name]
-        assert isinstance(array, zarr.Array), f"{name} in {path} is not an array"
-        fill = array.fill_value
-        nodata = None if fill is None else float(fill)
-        acc = _Stats()
-        ranges = [range(0, n, c) for n, c in zip(array.shape, array.chunks)]
-        for starts in itertools.product(*ranges):
-            region = tuple(slice(s, min(s + c, n)) for s, c, n in zip(starts, array.chunks, array.shape))
-            acc.add(np.asarray(array[region]), nodata)
-        out.append(acc.as_stac())
+    with concurrent.futures.ThreadPoolExecutor(_threads()) as pool:
+        for name in names:
+            array = group[name]
+            assert isinstance(array, zarr.Array), f"{name} in {path} is not an array"
+            fill = array.fill_value
+            nodata = None if fill is None else float(fill)
+            ranges = [range(0, n, c) for n, c in zip(array.shape, array.chunks)]
+            regions = [tuple(slice(s, min(s + c, n)) for s, c, n in zip(starts, array.chunks, array.shape))
+                       for starts in itertools.product(*ranges)]
+            acc = _Stats()
+            for block in pool.map(lambda region: _Stats.of(np.asarray(array[region]), nodata), regions):
+                acc.add(block)  # in block order: the sums do not depend on timing
+            out.append(acc.as_stac())
     return out
 
 
