@@ -1,6 +1,11 @@
 /*
- * NaN-ignoring median and quantiles over the time axis of a (t, rows, cols) float series: the compiled kernel of
- * rasterflow.fastreduce, many pixels at a time through one sorting network.
+ * The compiled kernels of rasterflow (rasterflow.compiled loads them; each has a NumPy twin with the same values):
+ *   nanmedian, nanquantile  order statistics over time, many pixels at a time through one sorting network (below)
+ *   reduce_simple           mean / sum / count / min / max over time in one date-major pass (bottleneck's values)
+ *   take, take_add          the per-value table gathers of rasterflow.lookup (an asset's working values, with its
+ *                           mask's NaN addends in the same pass)
+ *
+ * Median and quantiles:
  *
  * fastreduce's NumPy path transposes blocks of pixels to (pixels, t) and sorts each pixel's row (~65 ms for
  * 512^2 x 36 float32 on these machines): a strided transpose, then a branchy sort per 36-value row. Here LANES
@@ -421,6 +426,121 @@ static PyObject *nanquantile(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* One-pass reductions over time, date-major: every pixel of an image row at once, date after date (the series
+ * is read in its own order, and each pixel's dates are visited in order, as bottleneck visits them). Per pixel:
+ *   mean  sum / count in the input dtype (bottleneck's nanmean: a sum in the input dtype, divided by the count)
+ *   sum   the sum (NaN where no date is valid; bottleneck's nansum, then NaN for "no observation")
+ *   count the valid dates
+ *   min   the last valid value <= every earlier one (bottleneck's nanmin: `if (ai <= amin) amin = ai`)
+ *   max   likewise with >=
+ * A NaN date adds -0.0 (x + -0.0 is x for every x, zeros included), which is skipping it. */
+enum { REDUCE_MEAN, REDUCE_SUM, REDUCE_COUNT, REDUCE_MIN, REDUCE_MAX };
+
+#define DEFINE_SIMPLE(NAME, TYPE, KEY, MAGNITUDE, INF_BITS)                                                                               \
+    VECTOR_CLONES static void NAME(const char *src, Py_ssize_t t, Py_ssize_t rows, Py_ssize_t cols,              \
+                                   Py_ssize_t s_date, Py_ssize_t s_row, Py_ssize_t s_col, TYPE *out, int method,  \
+                                   TYPE *acc, TYPE *count, TYPE *line)                                            \
+    {                                                                                                             \
+        const TYPE start = method == REDUCE_MIN ? (TYPE)INFINITY : method == REDUCE_MAX ? -(TYPE)INFINITY : 0;    \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                                                   \
+            for (Py_ssize_t c = 0; c < cols; c++) {                                                               \
+                acc[c] = start;                                                                                   \
+                count[c] = 0;                                                                                     \
+            }                                                                                                     \
+            for (Py_ssize_t d = 0; d < t; d++) {                                                                  \
+                const char *base = src + d * s_date + r * s_row;                                                  \
+                const TYPE *values = (const TYPE *)base;                                                          \
+                if (s_col != (Py_ssize_t)sizeof(TYPE)) {                                                          \
+                    for (Py_ssize_t c = 0; c < cols; c++) {                                                       \
+                        memcpy(line + c, base + c * s_col, sizeof(TYPE));                                         \
+                    }                                                                                             \
+                    values = line;                                                                                \
+                }                                                                                                 \
+                if (method == REDUCE_MIN) {                                                                       \
+                    for (Py_ssize_t c = 0; c < cols; c++) {                                                       \
+                        TYPE v = values[c];                                                                       \
+                        count[c] += v == v;                                                                       \
+                        acc[c] = v <= acc[c] ? v : acc[c];                                                        \
+                    }                                                                                             \
+                } else if (method == REDUCE_MAX) {                                                                \
+                    for (Py_ssize_t c = 0; c < cols; c++) {                                                       \
+                        TYPE v = values[c];                                                                       \
+                        count[c] += v == v;                                                                       \
+                        acc[c] = v >= acc[c] ? v : acc[c];                                                        \
+                    }                                                                                             \
+                } else {                                                                                          \
+                    /* on the bits: a float select with a NaN test compiles to a branch, integer masks vectorise */ \
+                    for (Py_ssize_t c = 0; c < cols; c++) {                                                       \
+                        KEY bits;                                                                                 \
+                        memcpy(&bits, values + c, sizeof bits);                                                   \
+                        KEY valid = -(KEY)((bits & MAGNITUDE) <= INF_BITS);                                       \
+                        KEY kept = (bits & valid) | (~MAGNITUDE & ~valid); /* NaN: -0.0 */                        \
+                        TYPE addend;                                                                              \
+                        memcpy(&addend, &kept, sizeof addend);                                                    \
+                        count[c] += (TYPE)(valid & 1);                                                            \
+                        acc[c] += addend;                                                                         \
+                    }                                                                                             \
+                }                                                                                                 \
+            }                                                                                                     \
+            TYPE *target = out + r * cols;                                                                        \
+            for (Py_ssize_t c = 0; c < cols; c++) {                                                               \
+                TYPE n = count[c];                                                                                \
+                TYPE value = method == REDUCE_COUNT ? n : method == REDUCE_MEAN ? acc[c] / n : acc[c];            \
+                target[c] = method != REDUCE_COUNT && n == 0 ? (TYPE)NAN : value;                                 \
+            }                                                                                                     \
+        }                                                                                                         \
+    }
+
+DEFINE_SIMPLE(simple_float, float, int32_t, INT32_MAX, INT32_C(0x7F800000))
+DEFINE_SIMPLE(simple_double, double, int64_t, INT64_MAX, INT64_C(0x7FF0000000000000))
+
+static PyObject *reduce_simple(PyObject *self, PyObject *args)
+{
+    PyObject *src_obj, *out_obj;
+    const char *method_name;
+    if (!PyArg_ParseTuple(args, "OsO:reduce_simple", &src_obj, &method_name, &out_obj)) {
+        return NULL;
+    }
+    static const char *names[] = {"mean", "sum", "count", "min", "max"};
+    int method = -1;
+    for (int m = 0; m < 5; m++) {
+        if (strcmp(method_name, names[m]) == 0) {
+            method = m;
+        }
+    }
+    if (method < 0) {
+        PyErr_Format(PyExc_ValueError, "reduce_simple: unknown method %s", method_name);
+        return NULL;
+    }
+    Py_buffer src, out;
+    int is_float;
+    if (open_buffers(src_obj, out_obj, 1, &src, &out, &is_float) < 0) {
+        return NULL;
+    }
+    Py_ssize_t t = src.shape[0], rows = src.shape[1], cols = src.shape[2];
+    void *scratch = malloc((size_t)(3 * (cols > 0 ? cols : 1)) * (size_t)src.itemsize);
+    if (scratch == NULL) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&out);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (is_float) {
+        float *f = (float *)scratch;
+        simple_float((const char *)src.buf, t, rows, cols, src.strides[0], src.strides[1], src.strides[2],
+                     (float *)out.buf, method, f, f + cols, f + 2 * cols);
+    } else {
+        double *f = (double *)scratch;
+        simple_double((const char *)src.buf, t, rows, cols, src.strides[0], src.strides[1], src.strides[2],
+                      (double *)out.buf, method, f, f + cols, f + 2 * cols);
+    }
+    Py_END_ALLOW_THREADS
+    free(scratch);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
 /* out[i] = table[index[i]] for a uint8 / uint16 index: rasterflow.lookup's per-value tables (a raw plane to its
  * working values, a mask asset to its NaN addends). np.take casts the index to intp first and checks every
  * element's bounds; a table of every value of the index's dtype needs neither. */
@@ -607,6 +727,10 @@ static PyMethodDef methods[] = {
     {"nanquantile", nanquantile, METH_VARARGS,
      "nanquantile(series, quantiles, out): np.nanquantile(series, list(quantiles), axis=0) (method linear) into the "
      "C-contiguous out of len(quantiles) * rows * cols values."},
+    {"reduce_simple", reduce_simple, METH_VARARGS,
+     "reduce_simple(series, method, out): mean / sum / count / min / max over axis 0 of a (t, rows, cols) "
+     "float32/float64 series, NaN ignored, into the C-contiguous out of rows * cols values (bottleneck's values; "
+     "NaN where no date is valid, except count)."},
     {"take", take, METH_VARARGS,
      "take(table, index, out): out = table[index] for a float32/float64 table of every value of the uint8/uint16 "
      "index's dtype; all C-contiguous."},

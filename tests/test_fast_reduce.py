@@ -228,3 +228,56 @@ def test_native_kernel_is_built_and_checks_its_arguments():
     # series longer than the kernel takes go to NumPy, with the same values
     deep = cloudy((fastreduce.NATIVE_MAX_DATES + 1, 2, 2), np.float32, seed=2)
     assert_bitwise(fastreduce.nanmedian_time(deep), numpy_median(deep))
+
+
+def bottleneck_reference(values: np.ndarray, method: str) -> np.ndarray:
+    """What kernels.reduce_time computes without the compiled kernel (bottleneck; NaN sum where nothing is valid)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if method == "sum":
+            return np.where((~np.isnan(values)).any(axis=0), bn.nansum(values, axis=0), np.nan).astype(values.dtype)
+        if method == "count":
+            return (~np.isnan(values)).sum(axis=0).astype(values.dtype)
+        return {"mean": bn.nanmean, "min": bn.nanmin, "max": bn.nanmax}[method](values, axis=0)
+
+
+def assert_same_bits_with_zeros(actual: np.ndarray, expected: np.ndarray) -> None:
+    """assert_bitwise, and zeros with their sign too (min / max keep bottleneck's choice between -0.0 and +0.0)."""
+    assert_bitwise(actual, expected)
+    zeros = expected == 0
+    np.testing.assert_array_equal(np.signbit(actual[zeros]), np.signbit(expected[zeros]))
+
+
+@pytest.mark.parametrize("method", fastreduce.ONE_PASS)
+@pytest.mark.parametrize("t", DEPTHS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_one_pass_reductions_are_bottlenecks_bit_for_bit(method, t, dtype):
+    values = cloudy((t, 21, 45), dtype, seed=t * 13)
+    values[:, 3, 4] = 0.0  # ties of zeros of both signs: min / max keep the last of equal values, as bottleneck
+    values[::2, 3, 4] = -0.0
+    values[0, 4, 5], values[-1, 4, 6] = np.inf, -np.inf
+    before = values.copy()
+    result = fastreduce.one_pass_time(values, method, native=True)
+    np.testing.assert_array_equal(values, before)
+    assert result is not None
+    assert_same_bits_with_zeros(result, bottleneck_reference(values, method))
+    assert_same_bits_with_zeros(kernels.reduce_time(values, method)[0], bottleneck_reference(values, method))
+    assert fastreduce.one_pass_time(values, method, native=False) is None  # the caller's bottleneck path
+
+
+@pytest.mark.parametrize("method", fastreduce.ONE_PASS)
+def test_one_pass_reductions_on_views_and_nan_payloads(method):
+    base = cloudy((9, 40, 30), np.float64, seed=3)
+    bits = base.view(np.uint64)
+    bits[2, 5:9, 5:9] |= 1  # NaN payloads and a negative NaN are missing dates too
+    bits[3, 5:9, 5:9] = np.array(-np.nan).view(np.uint64)
+    view = base.transpose(0, 2, 1)[::2, ::3]  # strided in every axis
+    result = fastreduce.one_pass_time(view, method, native=True)
+    assert result is not None
+    assert_same_bits_with_zeros(result, bottleneck_reference(view, method))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(values=_series(np.float32), method=st.sampled_from(fastreduce.ONE_PASS))
+def test_property_one_pass(values, method):
+    assert_same_bits_with_zeros(kernels.reduce_time(values, method)[0], bottleneck_reference(values, method))
