@@ -340,15 +340,14 @@ class _Stats:
 
 
 def _threads() -> int:
-    """Threads for the statistics pass: it runs in the client after the workers are done (decoding and NumPy
-    release the GIL); 121 Zarr chunks of 4 MB took 2.1 s on one thread."""
+    """Threads for the Zarr statistics pass: it runs in the client after the workers are done (decoding and NumPy
+    release the GIL); 121 Zarr chunks of 4 MB took 2.1 s on one thread, 1.45 s on two."""
     return max(1, min(4, os.cpu_count() or 1))
 
 
 def _cog_statistics(path: str) -> list[dict[str, float]]:
-    import concurrent.futures
-    import threading
-
+    # One handle, one thread: reading the blocks on several threads (a handle each) made the client of a 10980²
+    # COG run peak at 1.21 GB instead of 0.81 GB (GDAL's block caches), for 0.2 s less
     import rasterio
 
     options: dict[str, str] = {}
@@ -356,31 +355,12 @@ def _cog_statistics(path: str) -> list[dict[str, float]]:
         from rasterflow.gdalenv import aws_endpoint_options
 
         options = aws_endpoint_options()
-    env = rasterio.Env(GDAL_PAM_ENABLED="NO", **options)  # no .aux.xml beside the output
-    local = threading.local()
-    opened: list[Any] = []
-
-    def block_stats(window: Any) -> list[_Stats]:
-        src = getattr(local, "src", None)
-        if src is None:  # a dataset handle per thread: one handle must not read in two threads at once
-            with env:
-                src = local.src = rasterio.open(path)
-            opened.append(src)
-        with env:
+    with rasterio.Env(GDAL_PAM_ENABLED="NO", **options), rasterio.open(path) as src:  # no .aux.xml beside the output
+        stats = [_Stats() for _ in range(src.count)]
+        for _ij, window in src.block_windows(1):
             block = src.read(window=window)
-        return [_Stats.of(band, src.nodata) for band in block]
-
-    with env, rasterio.open(path) as first:
-        windows = [window for _ij, window in first.block_windows(1)]
-        stats = [_Stats() for _ in range(first.count)]
-    try:
-        with concurrent.futures.ThreadPoolExecutor(_threads()) as pool:
-            for per_band in pool.map(block_stats, windows):  # in block order: the sums do not depend on timing
-                for acc, block in zip(stats, per_band):
-                    acc.add(block)
-    finally:
-        for src in opened:
-            src.close()
+            for band, acc in enumerate(stats):
+                acc.add(_Stats.of(block[band], src.nodata))
     return [s.as_stac() for s in stats]
 
 
