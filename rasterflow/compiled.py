@@ -11,7 +11,7 @@ import functools
 import importlib
 from types import ModuleType
 
-__all__ = ["available", "module", "set_enabled"]
+__all__ = ["available", "chosen", "module", "set_enabled"]
 
 _enabled = True
 
@@ -27,6 +27,17 @@ def _load() -> ModuleType | None:
 def module() -> ModuleType | None:
     """``rasterflow._native``, or None where it is not installed (built without a C compiler) or switched off."""
     return _load() if _enabled else None
+
+
+def chosen(native: bool | None) -> ModuleType | None:
+    """The kernels a caller's ``native`` argument asks for: True, the compiled ones (an error where they are not
+    installed); False, none (the NumPy path); None, the compiled ones where installed and switched on."""
+    if native is False:
+        return None
+    kernels = module()
+    if native and kernels is None:
+        raise RuntimeError("the compiled kernels rasterflow._native are not installed (no C compiler at install?)")
+    return kernels
 
 
 def available() -> bool:

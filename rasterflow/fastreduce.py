@@ -88,9 +88,7 @@ def _native_for(values: np.ndarray, native: bool | None) -> ModuleType | None:
     """The compiled kernels to use on ``values``, or None for the NumPy path. ``native`` True: the compiled kernel
     (an error where it is not installed); False: NumPy; None: the compiled kernel where installed and switched on.
     """
-    kernels = None if native is False else compiled.module()
-    if native and kernels is None:
-        raise RuntimeError("the compiled kernels rasterflow._native are not installed (no C compiler at install?)")
+    kernels = compiled.chosen(native)
     return kernels if values.shape[0] <= NATIVE_MAX_DATES else None
 
 

@@ -44,9 +44,7 @@ def gather(table: np.ndarray, raw: np.ndarray, *, addend: tuple[np.ndarray, np.n
     With the compiled kernel (``native`` None: where installed; True: required) each is one pass over the plane (np.take
     first casts the index to intp and checks every element's bounds; the addend needs no plane of its own).
     """
-    kernels = compiled.module() if native is not False else None
-    if native and kernels is None:
-        raise RuntimeError("the compiled kernels rasterflow._native are not installed (no C compiler at install?)")
+    kernels = compiled.chosen(native)
     pairs = [(table, table_index(raw))]
     if addend is not None:
         pairs.append((addend[0], table_index(addend[1])))
