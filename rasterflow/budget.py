@@ -63,6 +63,7 @@ __all__ = [
     "WORKER_BASELINE_BYTES",
     "ONE_PROCESS_EXTRA_BYTES",
     "LOCAL_FILE_BYTES_BY_CODEC",
+    "TILE_DECODED_FILE_BYTES",
     "open_file_bytes",
     "baseline_bytes",
     "CLIENT_BASELINE_BYTES",
@@ -230,6 +231,11 @@ ZSTD, 0.27 MB for DEFLATE, 0.36 MB for LZW, 0.04 MB uncompressed (108 files in o
 benchmarks/README.md "What still grows with the dates"). Another or an unknown codec: :data:`LOCAL_FILE_BYTES`.
 A remote file adds its 1 MB VSI cache to the same (:data:`OPEN_FILE_BYTES` when the codec is unknown)."""
 
+TILE_DECODED_FILE_BYTES = 100 * 10**3
+"""What an open local file keeps when :mod:`rasterflow.read.tiles` decodes its tiles (GDAL never decodes, so libtiff
+allocates no decoder): the dataset and the tile index, 0.07 MB measured with 108 ZSTD files (2026-12-04,
+benchmarks/README.md). A read's compressed and decoded tile live only for that read (< 1 MB at 512² uint16)."""
+
 VSI_CACHE_BYTES = VSI_CACHE_SIZE
 """The per-file cache a remote file is opened with (:data:`rasterflow.gdalenv.VSI_CACHE_SIZE`)."""
 
@@ -239,7 +245,7 @@ def open_file_bytes(inputs: BudgetInputs) -> int:
     for remote files)."""
     local = LOCAL_FILE_BYTES_BY_CODEC.get((inputs.source_codec or "").upper(), LOCAL_FILE_BYTES)
     if inputs.local_files:
-        return local
+        return TILE_DECODED_FILE_BYTES if inputs.tile_decoder else local
     return OPEN_FILE_BYTES if inputs.source_codec is None else local + VSI_CACHE_BYTES
 
 
@@ -396,6 +402,9 @@ class BudgetInputs:
     only the files that cover the chunk: with tiles side by side, a chunk meets one tile's items)."""
     local_files: bool = False
     """Every source file is local (:data:`LOCAL_FILE_BYTES` per open file, else :data:`OPEN_FILE_BYTES`)."""
+    tile_decoder: bool = False
+    """Local files of the sources' codec and tiling are decoded by :mod:`rasterflow.read.tiles`, not GDAL
+    (:data:`TILE_DECODED_FILE_BYTES` per open local file)."""
     chunk_depth: Callable[[int, int], ChunkDepth] | None = field(default=None, compare=False, repr=False)
     """``(chunk_y, chunk_x) -> ChunkDepth`` from the plan's chunk index: a task holds only the items whose files
     meet its chunk; None = every item meets every chunk (the static check)."""

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 from rasterflow import budget
 from rasterflow.errors import SpecError, SpecIssue
 from rasterflow.kernels import Program, absent_is_nan, group_indices, period_labels, solar_day_steps
+from rasterflow.read import tiles
 from rasterflow.read.remote import is_remote
 from rasterflow.sources import FileHeader, MissingAsset, SourceTable, gc_paused, missing_assets, resolve_sources
 from rasterflow.sizing import WorkerLayout, local_machine, size_local_run
@@ -545,6 +546,10 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
         index = build_chunk_index(sources, grid.shape, inputs.chunk_yx, steps=dates[1],
                                   dates_kept=not absent_is_nan(shape.bands, shape.assets_loaded, spec.grid.dtype))
         inputs = budget.dataclasses_replace(inputs, **_budget_details(spec, dates[0], sources, layout, index))
+        if inputs.local_files and tiles.decodes(source_codec, source_tile) and all(
+                read.direct for reads in sources.reads for read in reads if read is not None):
+            # no warp: every read decodes the file's tiles itself (rasterflow.read.tiles), libtiff keeps no decoder
+            inputs = budget.dataclasses_replace(inputs, tile_decoder=True)
         report = budget.estimate(shape, inputs, on_exceed=spec.budget.on_exceed)
     else:
         report = budget.static_estimate(shape, inputs, on_exceed=spec.budget.on_exceed)

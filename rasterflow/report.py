@@ -123,8 +123,14 @@ def library_versions() -> dict[str, str | None]:
     # where setup.py found no C compiler the kernels run on their NumPy paths: same values, slower (the client's
     # install; workers of an external cluster import their own)
     versions["compiled_kernels"] = "rasterflow._native" if compiled.available() else None
+    # local tiled COGs decoded by tifffile + imagecodecs (rasterflow.read.tiles); None: GDAL decodes every read
+    from rasterflow.read.tiles import decoder_available
+
+    decoders = ("tifffile", "imagecodecs")
+    versions["tile_decoder"] = (" + ".join(f"{name} {md.version(name)}" for name in decoders)
+                                if decoder_available() else None)
     order = ["python", "numpy", "dask", "distributed", "xarray", "rasterio", "gdal", "stackstac", "pystac_client", "zarr",
-             "compiled_kernels"]
+             "compiled_kernels", "tile_decoder"]
     return {key: versions[key] for key in order}
 
 

@@ -1,6 +1,7 @@
 """The budget's charge for open source files follows their codec: libtiff keeps a ZSTD decoder's state (~0.84 MB)
 per open file, a DEFLATE one ~0.27 MB (benchmarks/README.md). The codec comes from the header the planner reads
-(no pixels); unknown stays at the old, ZSTD-sized charge."""
+(no pixels); unknown stays at the old, ZSTD-sized charge. Local tiled files that rasterflow.read.tiles decodes
+keep no decoder, whatever their codec, and are charged that."""
 
 from __future__ import annotations
 
@@ -17,6 +18,15 @@ def _inputs(**changes) -> budget.BudgetInputs:
                                chunk_x=512, dtype="float32", threads_per_worker=1, n_workers=2,
                                memory_limit=4 * 10**9, limit_source="spec", gdal_cachemax=0, max_fraction=0.5)
     return dataclasses.replace(base, **changes)
+
+
+def test_files_decoded_by_the_tile_path_are_charged_without_a_decoder():
+    for codec in ("ZSTD", "DEFLATE"):
+        decoded = budget.open_file_bytes(_inputs(local_files=True, source_codec=codec, tile_decoder=True))
+        assert decoded == budget.TILE_DECODED_FILE_BYTES < budget.LOCAL_FILE_BYTES_BY_CODEC[codec] / 2
+    # remote files are always GDAL's to read
+    assert budget.open_file_bytes(_inputs(source_codec="ZSTD", tile_decoder=True)) == (
+        budget.LOCAL_FILE_BYTES + budget.VSI_CACHE_BYTES)
 
 
 def test_open_file_bytes_by_codec_local_and_remote():
@@ -37,10 +47,14 @@ def deflate_sample(tmp_path_factory):
                            compress="DEFLATE")
 
 
-def test_the_plan_reads_the_codec_from_a_header_and_charges_it(sample, deflate_sample, tmp_path):
+@pytest.mark.parametrize("decoder", ["tiles", "gdal"])
+def test_the_plan_reads_the_codec_from_a_header_and_charges_it(sample, deflate_sample, tmp_path, monkeypatch, decoder):
+    from rasterflow.read import tiles
     from rasterflow.run import plan_command
     from rasterflow.spec import load_spec
 
+    if decoder == "gdal":
+        monkeypatch.setenv(tiles.ENV_SWITCH, "gdal")
     reports = {}
     for name, catalog in (("zstd", sample), ("deflate", deflate_sample)):
         path = tmp_path / f"{name}.yaml"
@@ -50,6 +64,12 @@ def test_the_plan_reads_the_codec_from_a_header_and_charges_it(sample, deflate_s
     zstd, deflate = reports["zstd"], reports["deflate"]
     assert zstd.inputs.source_codec == "ZSTD" and deflate.inputs.source_codec == "DEFLATE"
     assert zstd.inputs.local_files and deflate.inputs.local_files
+    if decoder == "tiles":
+        assert zstd.inputs.tile_decoder and deflate.inputs.tile_decoder
+        assert zstd.open_files_bytes == deflate.open_files_bytes > 0
+        assert zstd.open_files_bytes % budget.TILE_DECODED_FILE_BYTES == 0
+        return
+    assert not zstd.inputs.tile_decoder
     files = zstd.open_files_bytes // budget.LOCAL_FILE_BYTES
     assert files > 0 and zstd.open_files_bytes == files * budget.LOCAL_FILE_BYTES
     assert deflate.open_files_bytes == files * budget.LOCAL_FILE_BYTES_BY_CODEC["DEFLATE"]

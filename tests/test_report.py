@@ -29,7 +29,7 @@ DOCUMENTED_KEYS = {
     "stage_marks", "cluster",
 }
 LIBRARIES = {"python", "numpy", "dask", "distributed", "xarray", "rasterio", "gdal", "stackstac", "pystac_client", "zarr",
-             "compiled_kernels"}
+             "compiled_kernels", "tile_decoder"}
 W1, W2 = "tcp://127.0.0.1:40001", "tcp://127.0.0.1:40002"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -75,6 +75,7 @@ def test_json_round_trip_with_the_documented_keys():
     assert set(data["library_versions"]) == LIBRARIES
     assert data["library_versions"]["dask"] and data["library_versions"]["gdal"]
     assert data["library_versions"]["compiled_kernels"] == "rasterflow._native"  # CI's machines compile it
+    assert data["library_versions"]["tile_decoder"].startswith("tifffile 20")  # a dependency: always there
     assert data["rasterflow_version"] == __version__
     assert data["status"] == "ok" and data["exit_code"] == 0
     assert data["started_at"].endswith("Z") and data["finished_at"].endswith("Z")

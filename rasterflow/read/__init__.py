@@ -28,7 +28,8 @@ from rasterflow.errors import SourceMismatchError, SourceReadError
 from rasterflow.kernels import ItemStream, Planes
 from rasterflow.read.datasets import GDAL_OPEN_OPTIONS, failure_error, forget, open_source, reason, warped_source
 from rasterflow.read.policy import ReadPolicy, current_policy, failed_before, record_failure, record_retry
-from rasterflow.read.remote import Failure, ReadFailedError, classify
+from rasterflow.read.remote import Failure, ReadFailedError, classify, is_remote, vsi_path
+from rasterflow.read.tiles import TileIndex, read_window, tile_index
 from rasterflow.retry import retrying
 from rasterflow.sources import AssetRead, AssetSource, FileHeader, compression_name, grid_offset
 
@@ -246,7 +247,7 @@ def _read_once(read: AssetRead, grid: Any, resampling: str, fill: float | None, 
 
     dataset = open_source(read, fresh=fresh, policy=policy, previous=previous)
     try:
-        direct, file_dtype = _file_facts(dataset, grid)
+        direct, file_dtype, tiles = _file_facts(dataset, grid, read.href)
         if direct is not None:
             row_off, col_off = direct
             r0, r1 = max(rows[0], row_off), min(rows[1], row_off + dataset.height)
@@ -254,11 +255,7 @@ def _read_once(read: AssetRead, grid: Any, resampling: str, fill: float | None, 
             if r0 >= r1 or c0 >= c1:
                 return
             target = out[r0 - rows[0]:r1 - rows[0], c0 - cols[0]:c1 - cols[0]]
-            window = Window(c0 - col_off, r0 - row_off, c1 - c0, r1 - r0)
-            if target.dtype == file_dtype and target.flags.c_contiguous:
-                dataset.read(1, window=window, out=target)  # no copy: the common case of whole-width chunks
-            else:
-                target[...] = dataset.read(1, window=window)
+            _read_direct(dataset, tiles, file_dtype, r0 - row_off, c0 - col_off, target)
             if covered is not None:
                 covered[r0 - rows[0]:r1 - rows[0], c0 - cols[0]:c1 - cols[0]] = True
             return
@@ -277,21 +274,43 @@ def _read_once(read: AssetRead, grid: Any, resampling: str, fill: float | None, 
         raise failure_error("read", read, failure) from None
 
 
+def _read_direct(dataset: Any, tiles: TileIndex | None, file_dtype: np.dtype, row: int, col: int,
+                 target: np.ndarray) -> None:
+    """The file's pixels from ``row``, ``col`` into ``target``: decoded from its tiles where
+    :mod:`rasterflow.read.tiles` can (no decoder kept per open file), else by GDAL."""
+    from rasterio.windows import Window
+
+    same_type = target.dtype == file_dtype
+    if tiles is not None and same_type and read_window(tiles, row, col, target):
+        return
+    window = Window(col, row, target.shape[1], target.shape[0])
+    if same_type and target.flags.c_contiguous:
+        dataset.read(1, window=window, out=target)  # no copy: the common case of whole-width chunks
+    else:
+        target[...] = dataset.read(1, window=window)
+
+
 _facts = threading.local()
 
 
-def _file_facts(dataset: Any, grid: Any) -> tuple[tuple[int, int] | None, np.dtype]:
-    """:func:`_direct_offset` and the data type of an open dataset, worked out once per dataset and grid in this
-    thread (a task reads one window of the same open file per item and sub-block; asking GDAL for its CRS string
-    every time was ~4% of a task)."""
+def _file_facts(dataset: Any, grid: Any, href: str) -> tuple[tuple[int, int] | None, np.dtype, TileIndex | None]:
+    """:func:`_direct_offset`, the data type and the tile index (:func:`rasterflow.read.tiles.tile_index`, None:
+    GDAL reads the file) of an open dataset, worked out once per dataset and grid in this thread (a task reads one
+    window of the same open file per item and sub-block; asking GDAL for its CRS string every time was ~4% of a
+    task)."""
     known: dict[Any, Any] | None = getattr(_facts, "known", None)
     if known is None or len(known) > 4096:
         known = _facts.known = {}
     key = (id(dataset), grid)
     hit = known.get(key)
     if hit is not None and hit[0] is dataset:  # the same object: not a new dataset at a recycled address
-        return hit[1], hit[2]
-    facts = (_direct_offset(dataset, grid), np.dtype(dataset.dtypes[0]))
+        return hit[1], hit[2], hit[3]
+    direct, dtype = _direct_offset(dataset, grid), np.dtype(dataset.dtypes[0])
+    tiles = None
+    if direct is not None and not is_remote(href):
+        tiles = tile_index(vsi_path(href), band_count=dataset.count, dtype=dtype,
+                           shape=(dataset.height, dataset.width), block_shape=tuple(dataset.block_shapes[0]))
+    facts = (direct, dtype, tiles)
     known[key] = (dataset, *facts)
     return facts
 
