@@ -374,7 +374,7 @@ def write_tiles(dataset: Any, layout: TileLayout, todo: Sequence[Tile], kept: Se
                            file_metadata=metadata)
         items = write_tile_items(stac, layout.fmt, tile.entries,
                                  TileGeometry(bounds=tile.bounds, shape=tile.shape, transform=tile.transform,
-                                              tile=(tile.row, tile.col)), result.checksums)
+                                              tile=(tile.row, tile.col)), result.checksums, result.statistics)
         _write_marker(layout, tile, fingerprint, "done", files={f: path_size(f) for f in tile.files}, items=items)
         written += result.blocks_written
         skipped += result.blocks_skipped

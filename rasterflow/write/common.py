@@ -65,6 +65,9 @@ class WriteResult:
     checksums: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Per path: its ``file:checksum`` (SHA2-256 multihash) when the writer already knows it (an uploaded COG,
     checked against the object), so the STAC item need not download the file again."""
+    statistics: Mapping[str, Mapping[tuple[int, ...], Any]] = dataclasses.field(default_factory=dict)
+    """A Zarr store's per-chunk statistics (:class:`rasterflow.write.stac.BlockStats` by array name and chunk
+    index) as the tasks that wrote the chunks computed them; chunks not written by this run are read back."""
 
 
 # --------------------------------------------------------------------------------------------------------------------

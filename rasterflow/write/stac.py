@@ -288,7 +288,7 @@ def file_checksum(path: str) -> str:
 
 
 @dataclasses.dataclass
-class _Stats:
+class BlockStats:
     """Streaming minimum, maximum, mean, standard deviation and valid percentage of stored values."""
 
     count: int = 0
@@ -299,7 +299,7 @@ class _Stats:
     max: float = float("-inf")
 
     @classmethod
-    def of(cls, values: Any, nodata: float | None) -> _Stats:
+    def of(cls, values: Any, nodata: float | None) -> BlockStats:
         """The statistics of one block."""
         import numpy as np
 
@@ -319,7 +319,7 @@ class _Stats:
         block.min, block.max = float(as_float.min()), float(as_float.max())
         return block
 
-    def add(self, block: _Stats) -> None:
+    def add(self, block: BlockStats) -> None:
         """Add a block's statistics (blocks added in one order give the same sums whoever computed them)."""
         self.total += block.total
         if not block.count:
@@ -356,15 +356,38 @@ def _cog_statistics(path: str) -> list[dict[str, float]]:
 
         options = aws_endpoint_options()
     with rasterio.Env(GDAL_PAM_ENABLED="NO", **options), rasterio.open(path) as src:  # no .aux.xml beside the output
-        stats = [_Stats() for _ in range(src.count)]
+        stats = [BlockStats() for _ in range(src.count)]
         for _ij, window in src.block_windows(1):
             block = src.read(window=window)
             for band, acc in enumerate(stats):
-                acc.add(_Stats.of(block[band], src.nodata))
+                acc.add(BlockStats.of(block[band], src.nodata))
     return [s.as_stac() for s in stats]
 
 
-def _zarr_statistics(path: str, names: Sequence[str]) -> list[dict[str, float]]:
+ChunkStatistics = Mapping[tuple[int, ...], "BlockStats"]
+"""The statistics of Zarr chunks, by chunk index (what a write task returns: :func:`chunk_statistics`)."""
+
+
+def chunk_statistics(values: Any, start: Sequence[int], chunks: Sequence[int],
+                     nodata: float | None) -> dict[tuple[int, ...], BlockStats]:
+    """The statistics of each Zarr chunk of ``values``, a region of an array starting at ``start`` on chunk
+    boundaries, keyed by chunk index: what :func:`_zarr_statistics` computes reading those chunks back, computed by
+    the task that wrote them instead (issue 13: the client read the whole output back, O(output) in one process)."""
+    import itertools
+
+    ranges = [range(0, n, c) for n, c in zip(values.shape, chunks)]
+    out = {}
+    for offsets in itertools.product(*ranges):
+        index = tuple((s + o) // c for s, o, c in zip(start, offsets, chunks))
+        region = tuple(slice(o, o + c) for o, c in zip(offsets, chunks))
+        out[index] = BlockStats.of(values[region], nodata)
+    return out
+
+
+def _zarr_statistics(path: str, names: Sequence[str],
+                     known: Mapping[str, ChunkStatistics] | None = None) -> list[dict[str, float]]:
+    """Per array: the statistics of every chunk, from ``known`` (what this run's write tasks returned) or read back
+    (chunks an earlier, interrupted run wrote), added in chunk order whoever computed them."""
     import concurrent.futures
     import itertools
 
@@ -379,12 +402,20 @@ def _zarr_statistics(path: str, names: Sequence[str]) -> list[dict[str, float]]:
             assert isinstance(array, zarr.Array), f"{name} in {path} is not an array"
             fill = array.fill_value
             nodata = None if fill is None else float(fill)
+            have = (known or {}).get(name, {})
             ranges = [range(0, n, c) for n, c in zip(array.shape, array.chunks)]
-            regions = [tuple(slice(s, min(s + c, n)) for s, c, n in zip(starts, array.chunks, array.shape))
-                       for starts in itertools.product(*ranges)]
-            acc = _Stats()
-            for block in pool.map(lambda region: _Stats.of(np.asarray(array[region]), nodata), regions):
-                acc.add(block)  # in block order: the sums do not depend on timing
+            indices = [tuple(s // c for s, c in zip(starts, array.chunks)) for starts in itertools.product(*ranges)]
+
+            def stats(index: tuple[int, ...]) -> BlockStats:
+                hit = have.get(index)
+                if hit is not None:
+                    return hit
+                region = tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(index, array.chunks, array.shape))
+                return BlockStats.of(np.asarray(array[region]), nodata)
+
+            acc = BlockStats()
+            for block in pool.map(stats, indices):
+                acc.add(block)  # in chunk order: the sums do not depend on timing or on who computed a chunk
             out.append(acc.as_stac())
     return out
 
@@ -487,7 +518,7 @@ def write_stac(
     items: list[dict] = []
     item_files: list[str] = []
     for labels, path in entries:
-        item = _output_item(context, fmt, path, labels, whole, result.checksums)
+        item = _output_item(context, fmt, path, labels, whole, result.checksums, result.statistics)
         item_file = item_path(path)
         write_text(item_file, json.dumps(item, indent=2, allow_nan=False) + "\n")
         items.append(item)
@@ -520,8 +551,10 @@ class StacContext:
 
 
 def _output_item(context: StacContext, fmt: str, path: str, labels: Mapping[str, Any], where: TileGeometry,
-                 checksums: Mapping[str, str]) -> dict[str, Any]:
-    """The STAC Item of one output file (statistics read back from the file)."""
+                 checksums: Mapping[str, str],
+                 statistics: Mapping[str, ChunkStatistics] | None = None) -> dict[str, Any]:
+    """The STAC Item of one output file (statistics: a Zarr store's from ``statistics``, what its write tasks
+    returned, and read back for chunks they did not write; a COG's read back from the file)."""
     import numpy as np
 
     from rasterflow.write.common import path_size
@@ -532,7 +565,7 @@ def _output_item(context: StacContext, fmt: str, path: str, labels: Mapping[str,
     geometry, bbox = _footprint(grid.crs, where.bounds)
     collection_path, _items_path = stac_paths(context.output_path)
     now = _rfc3339(dt.datetime.now(dt.timezone.utc))
-    stats = _cog_statistics(path) if fmt == "cog" else _zarr_statistics(path, names)
+    stats = _cog_statistics(path) if fmt == "cog" else _zarr_statistics(path, names, statistics)
     bands = []
     for name, stat in zip(names, stats):
         band: dict[str, Any] = {"name": name, "nodata": _nodata_value(encoding.nodata),
@@ -628,12 +661,14 @@ def _write_collection(context: StacContext, items: Sequence[Mapping[str, Any]], 
 
 
 def write_tile_items(context: StacContext, fmt: str, entries: Sequence[tuple[Mapping[str, Any], str]],
-                     where: TileGeometry, checksums: Mapping[str, str] | None = None) -> list[str]:
+                     where: TileGeometry, checksums: Mapping[str, str] | None = None,
+                     statistics: Mapping[str, ChunkStatistics] | None = None) -> list[str]:
     """Write the Items of one tile's files (``entries``: ``(labels, path)`` per period / quantile), right after the
-    tile is written; returns the Item files. The Collection comes last (:func:`write_tile_collection`)."""
+    tile is written; returns the Item files. The Collection comes last (:func:`write_tile_collection`).
+    ``statistics``: a Zarr tile's per-chunk statistics from its write tasks (:attr:`WriteResult.statistics`)."""
     files = []
     for labels, path in entries:
-        item = _output_item(context, fmt, path, labels, where, checksums or {})
+        item = _output_item(context, fmt, path, labels, where, checksums or {}, statistics)
         files.append(item_path(path))
         write_text(files[-1], json.dumps(item, indent=2, allow_nan=False) + "\n")
     return files

@@ -64,7 +64,7 @@ import math
 import os
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
 import dask
@@ -92,6 +92,7 @@ from rasterflow.write.common import (
     zarr_staging_path,
 )
 from rasterflow.write.shards import SHARDS_IN_FLIGHT, shard_side
+from rasterflow.write.stac import BlockStats, chunk_statistics
 
 __all__ = ["write_zarr", "is_complete_zarr", "ZARR_FORMAT", "ZARR_FORMATS", "MARKER_DIR"]
 
@@ -126,10 +127,11 @@ def _touch(url: str) -> None:
 
 def _write_region(blocks: list, *, store: str, var: str, markers: str, zarr_format: ZarrFormat,
                   encoding: Encoding | None, region: tuple[tuple[int, int], ...], marker: str,
-                  columns: int) -> np.ndarray:
+                  columns: int) -> dict[tuple[int, ...], BlockStats]:
     """Encode the Dask blocks of one write region (one Zarr chunk, or one shard of several chunks: ``blocks`` in
     row-major order, ``columns`` per row) into one array of the stored dtype, write it with one assignment, then
-    leave its done-marker. Runs on a worker; no other task writes this region's objects."""
+    leave its done-marker. Runs on a worker; no other task writes this region's objects. Returns the statistics of
+    the chunks written (:func:`~rasterflow.write.stac.chunk_statistics`), for the STAC item."""
     import zarr
 
     array = zarr.open_array(store, path=var, mode="r+", zarr_format=zarr_format)
@@ -150,9 +152,12 @@ def _write_region(blocks: list, *, store: str, var: str, markers: str, zarr_form
                     encode_block(block, encoding, var) if encoding is not None else block)
                 x0 += cols
             y0 += blocks[k].shape[-2]
-    array[tuple(slice(start, stop) for start, stop in region)] = np.asarray(stored, dtype=array.dtype)
+    values = np.asarray(stored, dtype=array.dtype)
+    array[tuple(slice(start, stop) for start, stop in region)] = values
     _touch(_join(markers, var, marker))
-    return np.ones((1,) * len(region), dtype=np.int8)
+    fill = array.fill_value
+    return chunk_statistics(values, [start for start, _stop in region], array.chunks,
+                            None if fill is None else float(fill))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -402,6 +407,11 @@ def _swap_into_place(staging: str, path: str, *, may_replace: bool) -> None:
 # the writer
 
 
+def _writer_key(name: str, token: str) -> str:
+    """The Dask key name of the write tasks of array ``name``."""
+    return f"rasterflow-write-zarr-{name}-{token}"
+
+
 def _write_units(prepared: xr.Dataset, names: list[str], done: dict[str, set[tuple[int, ...]]], side: int, *,
                  store: str, markers: str, zarr_format: ZarrFormat, encoding: Encoding | None,
                  token: str) -> tuple[Callable[[Any], Any], Callable[[Any], int], Iterator[list], int, int]:
@@ -416,7 +426,7 @@ def _write_units(prepared: xr.Dataset, names: list[str], done: dict[str, set[tup
     ny, nx = first.numblocks[-2:]
     sy, sx = -(-ny // side), -(-nx // side)  # write regions (shards) per axis
     offsets = [np.concatenate([[0], np.cumsum(c)]).astype(int) for c in first.chunks]
-    writers = {f"rasterflow-write-zarr-{name}-{token}": name for name in names}
+    writers = {_writer_key(name, token): name for name in names}
     inputs = {name: prepared[name].data.name for name in names}
     leads = list(np.ndindex(*lead_blocks))
 
@@ -545,6 +555,7 @@ def write_zarr(
 
     markers = _join(store, MARKER_DIR)
     written = skipped = 0
+    statistics: dict[str, dict[tuple[int, ...], BlockStats]] = {}
     if complete:
         skipped = sum(math.prod(prepared[name].data.numblocks) for name in names)
     else:
@@ -556,6 +567,11 @@ def write_zarr(
             prepared, names, done, side, store=store, markers=markers, zarr_format=zarr_format,
             encoding=block_encoding, token=token)
         client = submit.default_client(client)
+        writer_names = {_writer_key(name, token): name for name in names}
+
+        def keep_statistics(key: Any, chunks: Mapping[tuple[int, ...], BlockStats]) -> None:
+            statistics.setdefault(writer_names[key[0]], {}).update(chunks)
+
         build = submit.BlockGraph([prepared[n].data for n in names], task)
         try:
             # a bounded number of regions in flight, each batch's graph built from its regions only; with shards
@@ -565,7 +581,7 @@ def write_zarr(
                 leads = math.prod(prepared[names[0]].data.numblocks[:-2])
                 cap = max(cap, SHARDS_IN_FLIGHT * len(names) * leads * side * side)
             written = submit.run_units(units, build, total=todo, client=client, progress=progress, weight=weight,
-                                       max_in_flight=cap)
+                                       max_in_flight=cap, on_result=keep_statistics)
         except Exception as exc:
             raise RunFailedError(
                 f"writing {path} failed: {type(exc).__name__}: {exc}. Finished blocks are kept in {store}; "
@@ -583,4 +599,4 @@ def write_zarr(
     except Exception as exc:
         raise RunFailedError(f"finishing {path} failed: {type(exc).__name__}: {exc}") from exc
     return WriteResult(paths=(path,), bytes_written=path_size(path), blocks_written=written,
-                       blocks_skipped=skipped, format="zarr")
+                       blocks_skipped=skipped, format="zarr", statistics=statistics)

@@ -1,0 +1,69 @@
+"""The STAC statistics of a Zarr output come from the tasks that wrote its chunks (issue 13: the client read the whole
+output back after the run, O(output) in one process); chunks this run did not write (an interrupted run's) are read
+back. Either way they are what reading every chunk back gives, bit for bit, and what NumPy says of the values."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import dask.array as da
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+
+from rasterflow.write.stac import BlockStats, _zarr_statistics
+from rasterflow.write.zarr import write_zarr
+
+SHAPE, CHUNK = (2, 150, 170), (1, 64, 64)  # a leading axis, edge chunks on both spatial axes
+
+
+def _dataset() -> xr.Dataset:
+    rng = np.random.default_rng(13)
+    ndvi = rng.normal(0.4, 0.3, SHAPE).astype(np.float32)
+    ndvi[rng.random(SHAPE) < 0.2] = np.nan
+    ndvi[0, :64, :64] = np.nan  # a chunk with no valid value
+    wet = rng.normal(-5, 2, SHAPE).astype(np.float32)
+    dims = ("quantile", "y", "x")
+    coords = {"quantile": [0.1, 0.9], "y": np.arange(SHAPE[1]) * -10.0 + 5e6, "x": np.arange(SHAPE[2]) * 10.0}
+    return xr.Dataset({name: (dims, da.from_array(values, chunks=CHUNK)) for name, values in
+                       (("ndvi", ndvi), ("wet", wet))}, coords=coords)
+
+
+@pytest.mark.parametrize("zarr_format, shards", [(2, None), (3, None), (3, 2)])
+def test_the_write_tasks_return_what_reading_back_gives(tmp_path, zarr_format, shards):
+    path = str(tmp_path / "out.zarr")
+    result = write_zarr(_dataset(), path, fingerprint="stats", zarr_format=zarr_format, shards=shards)
+    group = zarr.open_group(path, mode="r")
+    for name in ("ndvi", "wet"):
+        array = group[name]
+        grid = [-(-n // c) for n, c in zip(array.shape, array.chunks)]
+        assert set(result.statistics[name]) == set(np.ndindex(*grid)), "every chunk's statistics, from its task"
+        for index, stats in result.statistics[name].items():
+            region = tuple(slice(i * c, (i + 1) * c) for i, c in zip(index, array.chunks))
+            assert stats == BlockStats.of(np.asarray(array[region]), None if array.fill_value is None
+                                          else float(array.fill_value)), (name, index)
+    names = ["ndvi", "wet"]
+    from_tasks = _zarr_statistics(path, names, result.statistics)
+    assert from_tasks == _zarr_statistics(path, names)  # bit for bit: the same chunks added in the same order
+    values = group["ndvi"][...]
+    valid = values[~np.isnan(values)].astype(np.float64)
+    stats = from_tasks[0]
+    assert stats["minimum"] == valid.min() and stats["maximum"] == valid.max()
+    assert stats["mean"] == pytest.approx(valid.mean(), rel=1e-9)
+    assert stats["stddev"] == pytest.approx(valid.std(), rel=1e-6)
+    assert stats["valid_percent"] == pytest.approx(100 * valid.size / values.size)
+
+
+def test_chunks_not_written_by_this_run_are_read_back_and_the_rest_are_not(tmp_path):
+    path = str(tmp_path / "out.zarr")
+    result = write_zarr(_dataset(), path, fingerprint="stats")
+    names = ["ndvi", "wet"]
+    whole = _zarr_statistics(path, names)
+    # an interrupted run wrote half the chunks: the other half's statistics are read back, the sums are the same
+    half = {name: dict(list(chunks.items())[::2]) for name, chunks in result.statistics.items()}
+    assert _zarr_statistics(path, names, half) == whole
+    # what a task returned is used as it is (not read again): a marked chunk shows in the result
+    index = next(iter(result.statistics["wet"]))
+    marked = {**result.statistics["wet"], index: dataclasses.replace(result.statistics["wet"][index], max=1e9)}
+    assert _zarr_statistics(path, names, {"wet": marked})[1]["maximum"] == 1e9
