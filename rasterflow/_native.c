@@ -720,6 +720,81 @@ static PyObject *comparators(PyObject *self, PyObject *args)
     return PyLong_FromSsize_t(t < 2 ? 0 : networks[t].count);
 }
 
+/* One pass over the values a statistics block holds: NaN and nodata skipped, the rest summed in double left to
+ * right (NumPy's twin: np.cumsum of the valid values as float64), min / max the first of equal values. nodata is
+ * compared as NumPy compares an array with a Python float: in the array's type for floats, as double for integers. */
+#define STATS_PASS(T, NODATA_T)                                                                                    \
+    {                                                                                                              \
+        const T *p = (const T *)values.buf;                                                                        \
+        const NODATA_T nd = (NODATA_T)nodata;                                                                      \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                                       \
+            const T raw = p[i];                                                                                    \
+            if (raw != raw || (has_nodata && (NODATA_T)raw == nd)) {                                               \
+                continue;                                                                                          \
+            }                                                                                                      \
+            const double v = (double)raw;                                                                          \
+            count++;                                                                                               \
+            sum += v;                                                                                              \
+            sumsq += v * v;                                                                                        \
+            if (v < lo) {                                                                                          \
+                lo = v;                                                                                            \
+            }                                                                                                      \
+            if (v > hi) {                                                                                          \
+                hi = v;                                                                                            \
+            }                                                                                                      \
+        }                                                                                                          \
+    }
+
+static PyObject *block_stats(PyObject *self, PyObject *args)
+{
+    PyObject *values_obj, *nodata_obj;
+    if (!PyArg_ParseTuple(args, "OO:block_stats", &values_obj, &nodata_obj)) {
+        return NULL;
+    }
+    int has_nodata = nodata_obj != Py_None;
+    double nodata = 0.0;
+    if (has_nodata) {
+        nodata = PyFloat_AsDouble(nodata_obj);
+        if (nodata == -1.0 && PyErr_Occurred()) {
+            return NULL;
+        }
+        has_nodata = nodata == nodata; /* NaN nodata: the NaN test covers it */
+    }
+    Py_buffer values;
+    if (PyObject_GetBuffer(values_obj, &values, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        return NULL;
+    }
+    const char *format = values.format;
+    char code = 0;
+    const char *codes = "fdbBhHiI";
+    for (const char *c = codes; *c; c++) {
+        if (has_format(format, *c)) {
+            code = *c;
+        }
+    }
+    if (!code) {
+        PyBuffer_Release(&values);
+        PyErr_SetString(PyExc_TypeError, "block_stats: float32/64 or 8-32 bit integer values");
+        return NULL;
+    }
+    Py_ssize_t n = values.len / values.itemsize, count = 0;
+    double sum = 0.0, sumsq = 0.0, lo = INFINITY, hi = -INFINITY;
+    Py_BEGIN_ALLOW_THREADS
+    switch (code) {
+    case 'f': STATS_PASS(float, float) break;
+    case 'd': STATS_PASS(double, double) break;
+    case 'b': STATS_PASS(int8_t, double) break;
+    case 'B': STATS_PASS(uint8_t, double) break;
+    case 'h': STATS_PASS(int16_t, double) break;
+    case 'H': STATS_PASS(uint16_t, double) break;
+    case 'i': STATS_PASS(int32_t, double) break;
+    default: STATS_PASS(uint32_t, double) break;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&values);
+    return Py_BuildValue("(ndddd)", count, sum, sumsq, lo, hi);
+}
+
 static PyMethodDef methods[] = {
     {"nanmedian", nanmedian, METH_VARARGS,
      "nanmedian(series, out): the NaN-ignoring median over axis 0 of a (t, rows, cols) float32/float64 series into "
@@ -738,6 +813,9 @@ static PyMethodDef methods[] = {
      "take_add(table, index, addends, which, out): out = table[index] + addends[which], both tables of every value "
      "of their uint8/uint16 index's dtype, of one float dtype; all C-contiguous."},
     {"comparators", comparators, METH_VARARGS, "comparators(t): the number of comparators of the network for t dates."},
+    {"block_stats", block_stats, METH_VARARGS,
+     "block_stats(values, nodata): (count, sum, sum of squares, min, max) of the C-contiguous values that are neither "
+     "NaN nor nodata (None: none), summed in double left to right."},
     {NULL, NULL, 0, NULL},
 };
 

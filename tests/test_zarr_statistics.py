@@ -67,3 +67,45 @@ def test_chunks_not_written_by_this_run_are_read_back_and_the_rest_are_not(tmp_p
     index = next(iter(result.statistics["wet"]))
     marked = {**result.statistics["wet"], index: dataclasses.replace(result.statistics["wet"][index], max=1e9)}
     assert _zarr_statistics(path, names, {"wet": marked})[1]["maximum"] == 1e9
+
+
+STATS_CASES = [
+    ("float32", float("nan")), ("float32", -9999.0), ("float32", None), ("float32", 0.1), ("float64", -9999.0),
+    ("int16", -32768.0), ("uint8", 0.0), ("uint16", None), ("int32", 7.0), ("uint32", 0.0), ("int8", 1e9),
+]
+
+
+@pytest.mark.parametrize("dtype, nodata", STATS_CASES)
+def test_block_statistics_are_the_same_compiled_or_not_and_numpys(dtype, nodata):
+    from rasterflow import compiled
+
+    if not compiled.available():
+        pytest.skip("the compiled kernels are not built here")
+    rng = np.random.default_rng(len(dtype))
+    if dtype.startswith("float"):
+        values = rng.normal(3, 2, (3, 57, 41)).astype(dtype)
+        values[rng.random(values.shape) < 0.3] = np.nan
+        if nodata is not None and not np.isnan(nodata):
+            values[rng.random(values.shape) < 0.2] = nodata
+    else:
+        info = np.iinfo(dtype)
+        values = rng.integers(info.min, int(info.max) + 1, (3, 57, 41), dtype=dtype)
+        if nodata is not None and info.min <= nodata <= info.max:
+            values[rng.random(values.shape) < 0.2] = nodata
+    strided = values[:, ::2, 1:]  # not contiguous, as a sub-chunk of a shard is
+    for block in (values, strided, values[:0]):
+        compiled_stats = BlockStats.of(block, nodata, native=True)
+        assert compiled_stats == BlockStats.of(block, nodata, native=False)
+        keep = ~np.isnan(block) if block.dtype.kind == "f" else np.ones(block.shape, bool)
+        if nodata is not None and not np.isnan(nodata):
+            keep &= block != nodata
+        valid = block[keep].astype(np.float64)
+        assert compiled_stats.count == valid.size and compiled_stats.total == block.size
+        if valid.size:
+            assert compiled_stats.min == valid.min() and compiled_stats.max == valid.max()
+            assert compiled_stats.sum == pytest.approx(valid.sum(), rel=1e-12, abs=1e-9)
+            assert compiled_stats.sumsq == pytest.approx(np.square(valid).sum(), rel=1e-12)
+        else:
+            assert compiled_stats == BlockStats(total=block.size)
+    if dtype == "float32" and nodata is not None and not np.isnan(nodata):
+        assert BlockStats.of(values, nodata).count < np.count_nonzero(~np.isnan(values))  # nodata was left out
