@@ -48,17 +48,35 @@ def _windows(size: int):
 
 
 _DATASETS: list = []
+_TILES: list = []
 
 
-def _open(hrefs: list[list[str]]) -> None:
+def _open(hrefs: list[list[str]], decoder: str = "gdal") -> None:
+    """Open every file in this process: with rasterio (``decoder`` "gdal"), or their tile indexes for rasterflow's
+    own tile decoder (``"tiles"``: ``rasterflow.read.tiles``, tifffile + imagecodecs, what rasterflow reads local
+    tiled COGs with)."""
     import rasterio
 
     _DATASETS[:] = [[rasterio.open(h) for h in row] for row in hrefs]
+    _TILES[:] = []
+    if decoder == "tiles":
+        from rasterflow.read.tiles import tile_index
+
+        _TILES[:] = [[tile_index(ds.name, band_count=ds.count, dtype=np.dtype(ds.dtypes[0]), shape=ds.shape,
+                                 block_shape=tuple(ds.block_shapes[0])) for ds in row] for row in _DATASETS]
+        assert all(index is not None for row in _TILES for index in row), "files the tile decoder does not take"
 
 
 def _read(window) -> np.ndarray:
     """(time, asset, y, x) uint16 of one window; no arithmetic."""
     out = np.empty((len(_DATASETS), len(ASSETS), window.height, window.width), dtype=np.uint16)
+    if _TILES:
+        from rasterflow.read.tiles import read_window
+
+        for t, row in enumerate(_TILES):
+            for a, index in enumerate(row):
+                assert read_window(index, window.row_off, window.col_off, out[t, a])
+        return out
     for t, row in enumerate(_DATASETS):
         for a, ds in enumerate(row):
             ds.read(1, window=window, out=out[t, a])
@@ -69,10 +87,11 @@ def _read_count(window) -> int:
     return _read(window).nbytes
 
 
-def read_floor(hrefs, size: int, cores: int) -> tuple[float, int]:
-    """Wall time of reading every block with one process per core (pool started and files opened beforehand)."""
+def read_floor(hrefs, size: int, cores: int, decoder: str = "gdal") -> tuple[float, int]:
+    """Wall time of reading every block with one process per core (pool started and files opened beforehand), with
+    GDAL or rasterflow's tile decoder (``decoder``, see :func:`_open`)."""
     windows = _windows(size)
-    with ProcessPoolExecutor(cores, initializer=_open, initargs=(hrefs,)) as pool:
+    with ProcessPoolExecutor(cores, initializer=_open, initargs=(hrefs, decoder)) as pool:
         list(pool.map(int, range(cores)))  # start the processes
         started = time.perf_counter()
         nbytes = sum(pool.map(_read_count, windows))

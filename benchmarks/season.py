@@ -229,8 +229,8 @@ def run_peer(variant: str, catalog, work: Path, gdal_python: Path | None, timeou
     return m
 
 
-def run_floor(catalog, size: int, timeout: float) -> dict:
-    cmd = [PYTHON, str(Path(__file__).resolve()), "--_floor", str(catalog.items_json), str(size)]
+def run_floor(catalog, size: int, timeout: float, decoder: str = "gdal") -> dict:
+    cmd = [PYTHON, str(Path(__file__).resolve()), "--_floor", str(catalog.items_json), str(size), decoder]
     m = measure(cmd, env={"GDAL_CACHEMAX": "64"}, timeout=timeout)
     status = _status(m)
     if status:
@@ -238,10 +238,10 @@ def run_floor(catalog, size: int, timeout: float) -> dict:
     return m
 
 
-def _floor_child(items_json: str, size: int) -> None:
+def _floor_child(items_json: str, size: int, decoder: str) -> None:
     from read_limit import _hrefs, read_floor
 
-    seconds, nbytes = read_floor(_hrefs(items_json), size, cores=os.cpu_count() or 1)
+    seconds, nbytes = read_floor(_hrefs(items_json), size, cores=os.cpu_count() or 1, decoder=decoder)
     print(json.dumps({"seconds": seconds, "bytes": nbytes}))
 
 
@@ -433,10 +433,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rasterflow-from", type=Path,
                         help="run rasterflow from this copy of the package's parent directory (e.g. `git archive "
                              "HEAD rasterflow | tar -x -C DIR`), not the shared working tree")
-    parser.add_argument("--_floor", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--_floor", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._floor:
-        _floor_child(args._floor[0], int(args._floor[1]))
+        _floor_child(args._floor[0], int(args._floor[1]), args._floor[2])
         return 0
 
     if args.rasterflow_from:
@@ -479,6 +479,10 @@ def main(argv: list[str] | None = None) -> int:
     floor = min(timed_floors, key=lambda f: f["info"]["seconds"]) if timed_floors else floors[0]
     print("  floor runs: " + ", ".join(f"{f['info']['seconds']:.1f} s" for f in timed_floors)
           + " (the faster is the floor)", flush=True)
+    # the same floor with the decoder rasterflow reads these files with (rasterflow.read.tiles: tifffile +
+    # imagecodecs, ~2x GDAL's per-window reads): what "close to the floor" means for rasterflow's own reads
+    tile_floor = run_floor(catalog, args.size, args.timeout, decoder="tiles")
+    say("floor with rasterflow's tile decoder", tile_floor)
     for variant in ([] if args.no_peers else args.peers) + (["gdal"] if gdal_python else []):
         rows[variant] = run_peer(variant, catalog, work, gdal_python, args.peer_timeout)
         say(variant, rows[variant])
@@ -495,12 +499,18 @@ def main(argv: list[str] | None = None) -> int:
     print(table(season_rows(rows, floor, results),
                 ["variant", "wall", "peak RSS (tree)", "largest process", "transfer", "spill (peak on disk)",
                  "vs floor", "worker memory log", "load 1-min", "vs NumPy reference"]))
+    tile_seconds = tile_floor["info"].get("seconds") if "status" not in tile_floor else None
+    if tile_seconds:
+        print(f"  floor with rasterflow's tile decoder (tifffile + imagecodecs), 2 processes: {tile_seconds:.1f} s, "
+              f"tree {_bytes(tile_floor['peak_rss'])}")
     if "status" not in floor:
         for name, m in rows.items():
             if m.get("compute_write"):
                 print(f"  {name}: compute+write {m['compute_write']:.1f} s = "
                       f"{m['compute_write'] / floor['info']['seconds']:.2f}x the floor; whole run "
-                      f"{m['wall'] / floor['info']['seconds']:.2f}x")
+                      f"{m['wall'] / floor['info']['seconds']:.2f}x"
+                      + (f" (vs the tile-decoder floor: {m['compute_write'] / tile_seconds:.2f}x / "
+                         f"{m['wall'] / tile_seconds:.2f}x)" if tile_seconds else ""))
     verdict = {}
     if points:
         zarr = rows["rasterflow -> Zarr"]
@@ -522,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
                 "tasks", "chunks")
         dump = {"season": {k: {a: m.get(a) for a in keep} for k, m in rows.items()},
                 "floor": {a: floor.get(a) for a in keep}, "floors": [{a: f.get(a) for a in keep} for f in floors],
+                "tile_floor": {a: tile_floor.get(a) for a in keep},
                 "results": results,
                 "scaling": [{"label": p[0], "side": p[2], "dates": p[3], **{a: p[4].get(a) for a in keep}}
                             for p in points],

@@ -769,13 +769,23 @@ def demo(out_dir: Path | None, spec_path: Path | None, data_dir: Path | None) ->
 
 def _register_stack_dump() -> None:
     """``kill -USR1 <pid>`` prints every thread's Python stack to stderr: how to see where a cron run hangs
-    without stopping it (the run goes on). Registered only by the console entry points, never for an API caller."""
-    import faulthandler
+    without stopping it (the run goes on). Registered only by the console entry points, never for an API caller.
+
+    A Python-level handler, not ``faulthandler.register``: that one walks the other threads' frames from the C
+    signal handler while they run, and a run of the tests died of it (SIGSEGV while the event loop thread was
+    creating a task). Here the dump runs in the main thread holding the GIL, so no thread changes its frames
+    meanwhile; the main thread waits on the workers in interruptible waits, so the dump comes at once."""
     import signal
 
     usr1 = getattr(signal, "SIGUSR1", None)
     if usr1 is not None:
-        faulthandler.register(usr1, all_threads=True, chain=False)
+        signal.signal(usr1, _dump_stacks)
+
+
+def _dump_stacks(signum: int, frame: object) -> None:
+    import faulthandler
+
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ def _stacks(pid: int) -> str:
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"(py-spy failed: {exc})"
     try:
-        os.kill(pid, signal.SIGUSR1)  # rasterflow.cli registers faulthandler on it: stacks go to the run's stderr
+        os.kill(pid, signal.SIGUSR1)  # rasterflow.cli dumps every thread on it (faulthandler): to the run's stderr
         time.sleep(2)
     except OSError as exc:
         return f"(SIGUSR1 failed: {exc})"
