@@ -914,7 +914,10 @@ def open_files_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
 
 def gdal_cache_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
     """GDAL's block cache in one worker: ``gdal_cachemax``, but never more than the source blocks it decodes (its
-    share of the tasks, each window rounded out to whole source tiles)."""
+    share of the tasks, each window rounded out to whole source tiles); nothing when every read decodes its tiles
+    itself (``tile_decoder``: GDAL only opens the files, its cache stays empty)."""
+    if inputs.tile_decoder:
+        return 0
     n_tasks = sum(t.count for t in task_shapes(shape, inputs))
     share = math.ceil(n_tasks / max(1, inputs.n_workers))
     file_px = sum(inputs.load_itemsizes(len(shape.assets_loaded)))

@@ -74,3 +74,21 @@ def test_the_plan_reads_the_codec_from_a_header_and_charges_it(sample, deflate_s
     assert files > 0 and zstd.open_files_bytes == files * budget.LOCAL_FILE_BYTES
     assert deflate.open_files_bytes == files * budget.LOCAL_FILE_BYTES_BY_CODEC["DEFLATE"]
     assert zstd.peak_per_worker - deflate.peak_per_worker == zstd.open_files_bytes - deflate.open_files_bytes
+
+
+def test_no_gdal_cache_is_charged_when_every_read_decodes_its_own_tiles(sample, tmp_path, monkeypatch):
+    """Direct local reads through rasterflow.read.tiles never go through GDAL's block cache, so it stays empty;
+    with the decoder switched off the same plan charges the cache it fills."""
+    from rasterflow.read import tiles
+    from rasterflow.run import plan_command
+    from rasterflow.spec import load_spec
+
+    path = tmp_path / "s.yaml"
+    path.write_text(spec_text(sample, reduce="{method: median}",
+                              cluster="{n_workers: 1, threads_per_worker: 1, gdal_cachemax: 64MB}"))
+    decoded = plan_command(load_spec(path)).plan.report
+    monkeypatch.setenv(tiles.ENV_SWITCH, "gdal")
+    by_gdal = plan_command(load_spec(path)).plan.report
+    assert decoded.inputs.tile_decoder and not by_gdal.inputs.tile_decoder
+    assert decoded.gdal_cache_bytes == 0 < by_gdal.gdal_cache_bytes
+    assert by_gdal.peak_per_worker - decoded.peak_per_worker >= by_gdal.gdal_cache_bytes
