@@ -795,6 +795,86 @@ static PyObject *block_stats(PyObject *self, PyObject *args)
     return Py_BuildValue("(ndddd)", count, sum, sumsq, lo, hi);
 }
 
+/* TIFF's horizontal predictor (2) undone for one decoded 16-bit tile: each row's values are the running sums of its
+ * differences (modulo 2^16, as libtiff and imagecodecs add), stored for rows [y0, y1) and columns [x0, x1) into the
+ * window `out` (rows `out_stride` bytes apart). With SSE2, eight values at a time by a log-step scan in the register
+ * plus the carry of the eight before (a scalar row is one add per value, each waiting for the last). */
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+static void undo_rows_u16(const uint16_t *tile, Py_ssize_t width, Py_ssize_t y0, Py_ssize_t y1, Py_ssize_t x0,
+                          Py_ssize_t x1, char *out, Py_ssize_t out_stride)
+{
+    uint16_t row[4096 + 8];
+    for (Py_ssize_t y = y0; y < y1; y++) {
+        const uint16_t *src = tile + y * width;
+        uint16_t *dst = (uint16_t *)(out + (y - y0) * out_stride);
+        /* whole rows up to x1 into the scratch row, then the window's columns out of it */
+        int direct = x0 == 0;
+        uint16_t *sums = direct ? dst : row;
+        Py_ssize_t x = 0;
+#if defined(__SSE2__)
+        __m128i carry = _mm_setzero_si128();
+        for (; x + 8 <= x1; x += 8) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(src + x));
+            v = _mm_add_epi16(v, _mm_slli_si128(v, 2));
+            v = _mm_add_epi16(v, _mm_slli_si128(v, 4));
+            v = _mm_add_epi16(v, _mm_slli_si128(v, 8));
+            v = _mm_add_epi16(v, carry);
+            _mm_storeu_si128((__m128i *)(sums + x), v);
+            carry = _mm_shufflehi_epi16(v, 0xFF);        /* lane 7 into lanes 4-7 */
+            carry = _mm_unpackhi_epi64(carry, carry);    /* and into all eight */
+        }
+        uint16_t sum = x ? sums[x - 1] : 0;
+#else
+        uint16_t sum = 0;
+#endif
+        for (; x < x1; x++) {
+            sum = (uint16_t)(sum + src[x]);
+            sums[x] = sum;
+        }
+        if (!direct) {
+            memcpy(dst, row + x0, (size_t)(x1 - x0) * sizeof(uint16_t));
+        }
+    }
+}
+
+static PyObject *undo_horizontal_u16(PyObject *self, PyObject *args)
+{
+    PyObject *tile_obj, *out_obj;
+    Py_ssize_t height, width, y0, x0;
+    if (!PyArg_ParseTuple(args, "OnnnnO:undo_horizontal_u16", &tile_obj, &height, &width, &y0, &x0, &out_obj)) {
+        return NULL;
+    }
+    Py_buffer tile, out;
+    if (PyObject_GetBuffer(tile_obj, &tile, PyBUF_C_CONTIGUOUS) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_STRIDES | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&tile);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    int two_byte = has_format(out.format, 'H') || has_format(out.format, 'h');
+    if (!two_byte || out.ndim != 2 || out.strides[1] != 2 || height < 0 || width < 0 || width > 4096 ||
+        tile.len < height * width * 2 || y0 < 0 || x0 < 0 || y0 + out.shape[0] > height ||
+        x0 + out.shape[1] > width) {
+        PyErr_SetString(PyExc_ValueError, "undo_horizontal_u16: a 16-bit (rows, cols) window with contiguous rows "
+                                          "inside a tile of height x width (at most 4096) 16-bit values");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        undo_rows_u16((const uint16_t *)tile.buf, width, y0, y0 + out.shape[0], x0, x0 + out.shape[1],
+                      (char *)out.buf, out.strides[0]);
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
+    PyBuffer_Release(&tile);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"nanmedian", nanmedian, METH_VARARGS,
      "nanmedian(series, out): the NaN-ignoring median over axis 0 of a (t, rows, cols) float32/float64 series into "
@@ -813,6 +893,10 @@ static PyMethodDef methods[] = {
      "take_add(table, index, addends, which, out): out = table[index] + addends[which], both tables of every value "
      "of their uint8/uint16 index's dtype, of one float dtype; all C-contiguous."},
     {"comparators", comparators, METH_VARARGS, "comparators(t): the number of comparators of the network for t dates."},
+    {"undo_horizontal_u16", undo_horizontal_u16, METH_VARARGS,
+     "undo_horizontal_u16(tile, height, width, y0, x0, out): TIFF's horizontal predictor undone for a decoded tile of "
+     "height x width 16-bit differences, rows [y0, y0 + out rows) and columns [x0, x0 + out cols) stored into the 16-bit "
+     "window out (contiguous rows, any row stride)."},
     {"block_stats", block_stats, METH_VARARGS,
      "block_stats(values, nodata): (count, sum, sum of squares, min, max) of the C-contiguous values that are neither "
      "NaN nor nodata (None: none), summed in double left to right."},
