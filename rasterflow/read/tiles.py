@@ -5,7 +5,9 @@ of its chunk open across its sub-blocks, so a worker's memory grew with the date
 a tile from its bytes keeps nothing between calls: the compressed bytes are read with ``os.pread`` at the offset the
 file's tile index gives, decoded by imagecodecs (through tifffile, which knows the TIFF's codec, predictor and byte
 order) and copied into the window. It is also about twice as fast as GDAL's per-window read of the same tiles
-(benchmarks/README.md).
+(benchmarks/README.md). 16-bit ZSTD/DEFLATE tiles with the horizontal predictor (Sentinel-2's uint16 COGs) are only
+decompressed by imagecodecs; the compiled kernels undo the predictor straight into the window
+(``rasterflow._native.undo_horizontal_u16``, bit for bit the same sums).
 
 Only what decodes to exactly GDAL's values takes this path: a local, tiled, single-band, single-IFD-sample image with
 a lossless codec (none, LZW, DEFLATE, ZSTD) and the usual predictors, read on its own full-resolution grid. Anything
