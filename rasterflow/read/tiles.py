@@ -71,10 +71,11 @@ class TileIndex:
     byte_counts: Sequence[int]
     decode: Callable[..., Any]
     """tifffile's ``TiffPage.decode``: ``decode(bytes, index) -> (segment, indices, shape)``."""
-    decompress: Callable[..., Any] | None = None
-    """For 16-bit tiles with the horizontal predictor in the machine's byte order, ZSTD or DEFLATE: imagecodecs'
-    decompressor, whose output the compiled ``undo_horizontal_u16`` turns into values straight in the window (2.6x
-    faster than imagecodecs' delta decode plus the copy); None: ``decode``."""
+    predicted: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+    """For 16-bit tiles with the horizontal predictor in the machine's byte order, ZSTD or DEFLATE, where the
+    compiled kernels are installed: imagecodecs' decompressor and ``rasterflow._native.undo_horizontal_u16``, which
+    turns its output into values straight in the window (2.6x faster than imagecodecs' delta decode plus the copy);
+    None: ``decode``."""
 
     @property
     def tiles_across(self) -> int:
@@ -102,8 +103,8 @@ def tile_index(path: str, *, band_count: int, dtype: np.dtype, shape: tuple[int,
                 return None
             offsets, counts = array("Q", page.dataoffsets), array("Q", page.databytecounts)
             decode = page.decode
-            decompress = _predicted_16_bit(page.compression, page.predictor, np.dtype(page.dtype),
-                                           tif.byteorder == ("<" if sys.byteorder == "little" else ">"))
+            predicted = _predicted_16_bit(page.compression, page.predictor, np.dtype(page.dtype),
+                                          tif.byteorder == ("<" if sys.byteorder == "little" else ">"))
     except Exception:  # anything tifffile cannot parse is GDAL's to read (and to report, if GDAL cannot either)
         return None
     tiles = -(-shape[0] // block_shape[0]) * -(-shape[1] // block_shape[1])
@@ -111,21 +112,21 @@ def tile_index(path: str, *, band_count: int, dtype: np.dtype, shape: tuple[int,
         return None
     return TileIndex(path=path, height=shape[0], width=shape[1], tile_height=block_shape[0],
                      tile_width=block_shape[1], dtype=np.dtype(dtype), offsets=offsets, byte_counts=counts,
-                     decode=decode, decompress=decompress)
+                     decode=decode, predicted=predicted)
 
 
-def _predicted_16_bit(compression: int, predictor: int, dtype: np.dtype, native_order: bool) -> Callable[..., Any] | None:
-    """imagecodecs' decompressor for the tiles :func:`read_window` undoes the predictor of itself, else None."""
-    from rasterflow import compiled
-
+def _predicted_16_bit(compression: int, predictor: int, dtype: np.dtype,
+                      native_order: bool) -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    """imagecodecs' decompressor and the compiled predictor kernel for the tiles :func:`read_window` undoes the
+    predictor of itself, else None."""
     kernels = compiled.module()
-    if (kernels is None or not hasattr(kernels, "undo_horizontal_u16") or predictor != 2 or dtype.itemsize != 2
-            or dtype.kind not in "ui" or not native_order):
+    if kernels is None or predictor != 2 or dtype.itemsize != 2 or dtype.kind not in "ui" or not native_order:
         return None
     import imagecodecs
 
-    return {50000: imagecodecs.zstd_decode, 8: imagecodecs.zlib_decode, 32946: imagecodecs.zlib_decode}.get(
-        compression)
+    decompress = {50000: imagecodecs.zstd_decode, 8: imagecodecs.zlib_decode,
+                  32946: imagecodecs.zlib_decode}.get(compression)
+    return None if decompress is None else (decompress, kernels.undo_horizontal_u16)
 
 
 def read_window(index: TileIndex, row: int, col: int, out: np.ndarray) -> bool:
@@ -158,14 +159,13 @@ def read_window(index: TileIndex, row: int, col: int, out: np.ndarray) -> bool:
             y0, y1 = max(row, r0), min(row + height, r0 + th)
             x0, x1 = max(col, c0), min(col + width, c0 + tw)
             target = out[y0 - row:y1 - row, x0 - col:x1 - col]
-            if index.decompress is not None and target.strides[1] == 2:
-                raw = index.decompress(data, out=th * tw * 2)
+            if index.predicted is not None and target.strides[1] == 2:
+                decompress, undo_predictor = index.predicted
+                raw = decompress(data, out=th * tw * 2)
                 if len(raw) != th * tw * 2:
                     raise OSError(f"tile {number} of {index.path} decoded to {len(raw)} bytes, not {th * tw * 2}")
-                kernels = compiled.module()
-                if kernels is not None:
-                    kernels.undo_horizontal_u16(raw, th, tw, y0 - r0, x0 - c0, target)
-                    continue
+                undo_predictor(raw, th, tw, y0 - r0, x0 - c0, target)
+                continue
             segment = index.decode(data, number)[0]
             if segment is None:
                 raise OSError(f"tile {number} of {index.path} did not decode")
