@@ -18,6 +18,16 @@ defaults, against 10.0-11.0 s and 421-423 MB with the fixed 2 MiB mmap/trim/top-
 had from 61592a5 on; fixed 16 MiB mmap / 64 MiB trim thresholds were faster still (9.2-9.5 s) but held 464-470 MB
 (+13%, over the budget's 421 MB), so memory decided.
 
+Arenas: glibc gives each thread that allocates its own arena (up to 8 per core), and an arena keeps its
+fragments. A worker process has more threads than its task threads (the event loop, Zarr's codec pool, the
+executor's): over its first tasks each gets an arena, and the worker's peak crept ~10% above a short job's. Worker
+processes therefore start with ``MALLOC_ARENA_MAX=1`` (:data:`WORKER_ARENA_MAX`), which leaves glibc's dynamic
+thresholds on (only the mmap/trim/top-pad settings switch them off). Measured 2026-12-04, masked NDVI median,
+2 workers x 1 thread, 8 dates, per-worker peak from the run report (benchmarks/README.md, "Worker arenas"): 4096²
+job 214 MB, 5792² job (18 tasks a worker) 225-237 MB (+5..+11%) with glibc's default; 209 MB and 209-213 MB (+0..+2%)
+with one arena, 212 and 217-228 MB with two; compute+write unchanged (2.1-2.6 s and 3.0-3.3 s either way), also
+with two task threads on the one arena.
+
 Nothing here is needed for correctness; off glibc (macOS, musl) :func:`release_free_memory` does nothing.
 """
 
@@ -28,11 +38,15 @@ import ctypes.util
 import functools
 from typing import Any
 
-__all__ = ["DISTRIBUTED_TRIM_THRESHOLD", "release_free_memory", "can_trim"]
+__all__ = ["DISTRIBUTED_TRIM_THRESHOLD", "WORKER_ARENA_MAX", "release_free_memory", "can_trim"]
 
 DISTRIBUTED_TRIM_THRESHOLD = 65536
 """distributed's default ``MALLOC_TRIM_THRESHOLD_`` for worker processes (its distributed.yaml,
 ``distributed.nanny.pre-spawn-environ``): removed for rasterflow's workers; another value is the user's choice."""
+
+WORKER_ARENA_MAX = 1
+"""``MALLOC_ARENA_MAX`` of rasterflow's worker processes (see the module docstring); the user's own setting (their
+environment or the Dask config's ``distributed.nanny.pre-spawn-environ``) wins."""
 
 
 @functools.lru_cache(maxsize=1)

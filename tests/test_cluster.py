@@ -413,6 +413,57 @@ def test_worker_processes_keep_glibcs_own_allocator_thresholds(local):
                           "OMP_NUM_THREADS": "1"}  # distributed's one thread per numerical library stays
 
 
+def _malloc_arenas() -> int | None:
+    """glibc's arenas in this process (``malloc_info``'s ``<heap nr=..>`` entries) after 4 threads each allocated
+    and freed blocks below the mmap threshold; None off glibc. Runs on a worker."""
+    import ctypes
+    import ctypes.util
+    import re as _re
+    import tempfile
+    import threading
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_info  # noqa: B018
+    except (OSError, AttributeError):
+        return None
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.fopen.restype, libc.fopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    start = threading.Barrier(4)
+
+    def allocate() -> None:
+        start.wait()  # all four at once: each needs an arena while the others hold theirs
+        blocks = [libc.malloc(64 * 1024) for _ in range(64)]
+        for block in blocks:
+            libc.free(block)
+
+    threads = [threading.Thread(target=allocate) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    with tempfile.NamedTemporaryFile(suffix=".xml") as out:
+        stream = libc.fopen(out.name.encode(), b"w")
+        libc.malloc_info(0, stream)
+        libc.fclose(stream)
+        return len(_re.findall(r'<heap nr="\d+">', Path(out.name).read_text()))
+
+
+def test_worker_processes_have_one_malloc_arena(local):
+    """Every thread that allocates gets its own glibc arena, which keeps its fragments: a worker's peak crept ~10%
+    above a short job's over its first tasks (benchmarks/README.md, "Worker arenas"). rasterflow's workers start
+    with MALLOC_ARENA_MAX=1: however many threads allocate in them, there is one arena; this process (not a worker,
+    glibc's default) gets more."""
+    seen = local.client.run(_malloc_arenas)
+    if None in seen.values():
+        pytest.skip("not glibc")
+    assert list(seen.values()) == [1] * LAYOUT.n_workers
+    assert _malloc_arenas() > 1  # the same threads make arenas where the limit is not set
+
+
 def test_distributeds_trim_threshold_left_in_this_process_does_not_reach_the_workers(monkeypatch):
     """An earlier LocalCluster's nanny (any in this process) wrote MALLOC_TRIM_THRESHOLD_=65536 into the environment
     and the workers would inherit it: rasterflow's workers start without it and the environment is put back."""
@@ -433,8 +484,17 @@ def test_allocator_settings_of_the_users_dask_config_win():
     assert "MALLOC_TRIM_THRESHOLD_" in dask.config.get("distributed.nanny.pre-spawn-environ")  # distributed's default
     assert "MALLOC_TRIM_THRESHOLD_" not in worker_environ()
     assert worker_environ()["OMP_NUM_THREADS"] == 1  # distributed's own stay
+    assert worker_environ()["MALLOC_ARENA_MAX"] == 1
     with dask.config.set({"distributed.nanny.pre-spawn-environ": {"MALLOC_TRIM_THRESHOLD_": 0, "OMP_NUM_THREADS": 2}}):
         assert worker_environ() == {"MALLOC_TRIM_THRESHOLD_": 0, "OMP_NUM_THREADS": 2}
+
+
+def test_a_malloc_arena_max_of_the_environment_wins(monkeypatch):
+    """The workers inherit the user's MALLOC_ARENA_MAX; rasterflow's own must not override it."""
+    from rasterflow.cluster import worker_environ
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert "MALLOC_ARENA_MAX" not in worker_environ()
 
 
 def test_the_heap_is_trimmed_on_any_platform():
