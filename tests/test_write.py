@@ -425,6 +425,26 @@ def test_cog_with_overviews_and_deflate(tmp_path):
         assert src.block_shapes[0] == (128, 128)
 
 
+def test_cog_average_overviews_are_the_mean_of_the_valid_pixels_below(tmp_path):
+    """The default overviews (``average``, computed by GDAL's COG driver on every core) are, pixel for pixel, the
+    mean of the non-NaN pixels of the 2 x 2 block below them (NaN where all four are NaN)."""
+    ds, values = make_ds(names=("ndvi",))
+    path = str(tmp_path / "avg.tif")
+    write_cog(ds, path, blocksize=128)
+    full = values["ndvi"].astype(np.float64)
+    blocks = full.reshape(SHAPE[0] // 2, 2, SHAPE[1] // 2, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN blocks
+        expected = np.nanmean(blocks, axis=(1, 3))
+    assert np.isnan(expected).any() and not np.isnan(expected).all()
+    with rasterio.open(path) as src:
+        assert src.overviews(1)[0] == 2
+    with rasterio.open(path, overview_level=0) as level:
+        got = level.read(1)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected.astype(np.float32), rtol=1e-6, atol=1e-7)
+
+
 def test_cog_period_and_quantile_files(tmp_path):
     lead = {"period": ["2024-06", "2024-07"], "quantile": [0.1, 0.9]}
     ds, values = make_ds(lead)

@@ -337,9 +337,12 @@ def write_cog(
             written = _stream_blocks(cube, len(lead), client, write, progress)
             while datasets:
                 datasets.pop().close()
-            for stream, partial in zip(stream_files, partial_files):
-                rasterio.shutil.copy(stream, partial, driver="COG", **cog_options)
-                remove(stream)
+            # NUM_THREADS parallelizes the tiles' compression; GDAL_NUM_THREADS also the overviews' computation, which
+            # is otherwise one thread (same bytes, ~1 s of 10.5 faster on the season's 10980² output)
+            with rasterio.Env(GDAL_NUM_THREADS=cog_options["NUM_THREADS"]):
+                for stream, partial in zip(stream_files, partial_files):
+                    rasterio.shutil.copy(stream, partial, driver="COG", **cog_options)
+                    remove(stream)
         for partial, local, final in zip(partial_files, locals_, paths):
             if remote:
                 # one PUT (multipart when large), then size and checksum compared with the local file
