@@ -803,10 +803,12 @@ static PyObject *block_stats(PyObject *self, PyObject *args)
 #include <emmintrin.h>
 #endif
 
+#define MAX_PREDICTED_TILE_WIDTH 4096 /* the scratch row on the stack; wider tiles are left to imagecodecs */
+
 static void undo_rows_u16(const uint16_t *tile, Py_ssize_t width, Py_ssize_t y0, Py_ssize_t y1, Py_ssize_t x0,
                           Py_ssize_t x1, char *out, Py_ssize_t out_stride)
 {
-    uint16_t row[4096 + 8];
+    uint16_t row[MAX_PREDICTED_TILE_WIDTH + 8];
     for (Py_ssize_t y = y0; y < y1; y++) {
         const uint16_t *src = tile + y * width;
         uint16_t *dst = (uint16_t *)(out + (y - y0) * out_stride);
@@ -857,7 +859,7 @@ static PyObject *undo_horizontal_u16(PyObject *self, PyObject *args)
     }
     PyObject *result = NULL;
     int two_byte = has_format(out.format, 'H') || has_format(out.format, 'h');
-    if (!two_byte || out.ndim != 2 || out.strides[1] != 2 || height < 0 || width < 0 || width > 4096 ||
+    if (!two_byte || out.ndim != 2 || out.strides[1] != 2 || height < 0 || width < 0 || width > MAX_PREDICTED_TILE_WIDTH ||
         tile.len < height * width * 2 || y0 < 0 || x0 < 0 || y0 + out.shape[0] > height ||
         x0 + out.shape[1] > width) {
         PyErr_SetString(PyExc_ValueError, "undo_horizontal_u16: a 16-bit (rows, cols) window with contiguous rows "
@@ -909,5 +911,10 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__native(void)
 {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "MAX_PREDICTED_TILE_WIDTH", MAX_PREDICTED_TILE_WIDTH) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -418,7 +418,6 @@ def _malloc_arenas() -> int | None:
     and freed blocks below the mmap threshold; None off glibc. Runs on a worker."""
     import ctypes
     import ctypes.util
-    import re as _re
     import tempfile
     import threading
 
@@ -449,7 +448,7 @@ def _malloc_arenas() -> int | None:
         stream = libc.fopen(out.name.encode(), b"w")
         libc.malloc_info(0, stream)
         libc.fclose(stream)
-        return len(_re.findall(r'<heap nr="\d+">', Path(out.name).read_text()))
+        return len(re.findall(r'<heap nr="\d+">', Path(out.name).read_text()))
 
 
 def test_worker_processes_have_one_malloc_arena(local):

@@ -207,3 +207,26 @@ def _sample_job(sample, tmp_path):
     plan = plan_with_items(loaded, search(loaded), local_layout(loaded.spec))
     assert plan.sources is not None
     return local_read_job(plan, range(len(plan.sources.reads)), (0, 200), (0, 300))
+
+
+def test_predicted_tiles_wider_than_the_compiled_row_are_decoded_by_imagecodecs(tmp_path):
+    """The compiled predictor kernel takes tiles up to MAX_PREDICTED_TILE_WIDTH wide; a wider 16-bit ZSTD tile with
+    the horizontal predictor (legal TIFF) is left to imagecodecs and still reads as GDAL reads it."""
+    from rasterflow import compiled
+
+    kernels = compiled.module()
+    if kernels is None:
+        pytest.skip("the compiled kernels are not built here")
+    wide = kernels.MAX_PREDICTED_TILE_WIDTH + 32
+    values = (np.arange(32 * wide).reshape(32, wide) * 7 % 5003).astype(np.uint16)
+    path = tmp_path / "wide.tif"
+    with rasterio.open(path, "w", driver="GTiff", width=wide, height=32, count=1, dtype="uint16",
+                       crs="EPSG:32633", transform=from_origin(500000, 6000000, 10, 10), tiled=True,
+                       blockxsize=wide, blockysize=16, compress="ZSTD", predictor=2) as dst:
+        dst.write(values, 1)
+    index = _index(path)
+    assert index is not None and index.predicted is None
+    got = np.zeros((20, wide - 3), dtype=np.uint16)
+    assert tiles.read_window(index, 5, 3, got)
+    np.testing.assert_array_equal(got, values[5:25, 3:])
+

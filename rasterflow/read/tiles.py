@@ -104,7 +104,8 @@ def tile_index(path: str, *, band_count: int, dtype: np.dtype, shape: tuple[int,
             offsets, counts = array("Q", page.dataoffsets), array("Q", page.databytecounts)
             decode = page.decode
             predicted = _predicted_16_bit(page.compression, page.predictor, np.dtype(page.dtype),
-                                          tif.byteorder == ("<" if sys.byteorder == "little" else ">"))
+                                          tif.byteorder == ("<" if sys.byteorder == "little" else ">"),
+                                          page.tilewidth)
     except Exception:  # anything tifffile cannot parse is GDAL's to read (and to report, if GDAL cannot either)
         return None
     tiles = -(-shape[0] // block_shape[0]) * -(-shape[1] // block_shape[1])
@@ -115,12 +116,13 @@ def tile_index(path: str, *, band_count: int, dtype: np.dtype, shape: tuple[int,
                      decode=decode, predicted=predicted)
 
 
-def _predicted_16_bit(compression: int, predictor: int, dtype: np.dtype,
-                      native_order: bool) -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+def _predicted_16_bit(compression: int, predictor: int, dtype: np.dtype, native_order: bool,
+                      tile_width: int) -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     """imagecodecs' decompressor and the compiled predictor kernel for the tiles :func:`read_window` undoes the
-    predictor of itself, else None."""
+    predictor of itself (no wider than the kernel's row, ``MAX_PREDICTED_TILE_WIDTH``), else None."""
     kernels = compiled.module()
-    if kernels is None or predictor != 2 or dtype.itemsize != 2 or dtype.kind not in "ui" or not native_order:
+    if kernels is None or predictor != 2 or dtype.itemsize != 2 or dtype.kind not in "ui" or not native_order \
+            or tile_width > kernels.MAX_PREDICTED_TILE_WIDTH:
         return None
     import imagecodecs
 
