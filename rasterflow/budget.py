@@ -11,7 +11,7 @@ The model follows the code path :mod:`rasterflow.graph` builds from the same res
   one output series per band (``kernels._band_series``: one per date with an item there, passes with solar_day) and
   reduces each series (``kernels.reduce_block``), on a period's subset copy when there are periods. A chunk whose
   series would be over :data:`STRIP_TARGET_BYTES` is reduced in sub-blocks (:func:`sub_block`,
-  ``graph.chunk_reduce``): the task then holds one sub-block's series and the chunk's result.
+  ``tasks.chunk_reduce``): the task then holds one sub-block's series and the chunk's result.
 - **tree** (a streaming reduction with time chunked): one task per (time chunk, spatial chunk) evaluates the bands
   into a ``(date, band, y, x)`` block (``kernels.band_block``), which stays in the worker until one reduction task
   per band has turned it into partials (``graph._tree_reduce``: Dask's nan-reductions; std's streaming partials).
@@ -654,7 +654,7 @@ def task_shapes(shape: PipelineShape, inputs: BudgetInputs) -> tuple[TaskShape, 
 
 
 def sub_block(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape | None = None) -> tuple[int, int]:
-    """``(rows, cols)`` of the sub-blocks the fused task reduces its chunk in (``graph.chunk_reduce``); ``(0, 0)``
+    """``(rows, cols)`` of the sub-blocks the fused task reduces its chunk in (``tasks.chunk_reduce``); ``(0, 0)``
     = the whole chunk at once.
 
     A fused task holds its pixels' whole series, so its working set grows with the dates. Above

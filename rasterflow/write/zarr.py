@@ -65,7 +65,7 @@ import os
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import dask
 import dask.array as da
@@ -80,7 +80,6 @@ from rasterflow.write.common import (
     WriteResult,
     check_output_target,
     compression_name,
-    encode_block,
     exists,
     is_complete_zarr,
     is_remote,
@@ -91,13 +90,13 @@ from rasterflow.write.common import (
     spatial_dims,
     zarr_staging_path,
 )
+from rasterflow.write.regions import ZarrFormat, join as _join, write_region as _write_region
 from rasterflow.write.shards import SHARDS_IN_FLIGHT, shard_side
-from rasterflow.write.stac import BlockStats, chunk_statistics
+from rasterflow.write.stac import BlockStats
 
 __all__ = ["write_zarr", "is_complete_zarr", "ZARR_FORMAT", "ZARR_FORMATS", "MARKER_DIR"]
 
 #: The default Zarr format: 2, the one GDAL (and so QGIS) opens; see the module docstring.
-ZarrFormat = Literal[2, 3]
 ZARR_FORMAT: ZarrFormat = 2
 ZARR_FORMATS = (2, 3)
 #: Done-markers live under ``<store>/<MARKER_DIR>/<var>/``; removed when the store is complete.
@@ -106,58 +105,6 @@ MARKER_DIR = ".rasterflow/done"
 
 # --------------------------------------------------------------------------------------------------------------------
 # helpers that run on workers
-
-
-def _join(base: str, *parts: str) -> str:
-    return "/".join([base.rstrip("/"), *parts])
-
-
-def _touch(url: str) -> None:
-    if is_remote(url):
-        import fsspec.core
-
-        fs, p = fsspec.core.url_to_fs(url)
-        fs.pipe_file(p, b"")
-        return
-    directory = os.path.dirname(url)
-    os.makedirs(directory, exist_ok=True)
-    with open(url, "wb"):
-        pass
-
-
-def _write_region(blocks: list, *, store: str, var: str, markers: str, zarr_format: ZarrFormat,
-                  encoding: Encoding | None, region: tuple[tuple[int, int], ...], marker: str,
-                  columns: int) -> dict[tuple[int, ...], BlockStats]:
-    """Encode the Dask blocks of one write region (one Zarr chunk, or one shard of several chunks: ``blocks`` in
-    row-major order, ``columns`` per row) into one array of the stored dtype, write it with one assignment, then
-    leave its done-marker. Runs on a worker; no other task writes this region's objects. Returns the statistics of
-    the chunks written (:func:`~rasterflow.write.stac.chunk_statistics`), for the STAC item."""
-    import zarr
-
-    array = zarr.open_array(store, path=var, mode="r+", zarr_format=zarr_format)
-    if len(blocks) == 1:
-        block = blocks[0]
-        stored = encode_block(block, encoding, var) if encoding is not None else block
-    else:
-        # one shard: each block is encoded straight into its place, so the shard exists once, in the stored dtype,
-        # beside the blocks Dask holds (not as row copies, a float copy and then an encoded copy)
-        shape = tuple(stop - start for start, stop in region)
-        stored = np.empty(shape, dtype=array.dtype)
-        y0 = 0
-        for k in range(0, len(blocks), columns):
-            x0 = 0
-            for block in blocks[k:k + columns]:
-                rows, cols = block.shape[-2:]
-                stored[..., y0:y0 + rows, x0:x0 + cols] = (
-                    encode_block(block, encoding, var) if encoding is not None else block)
-                x0 += cols
-            y0 += blocks[k].shape[-2]
-    values = np.asarray(stored, dtype=array.dtype)
-    array[tuple(slice(start, stop) for start, stop in region)] = values
-    _touch(_join(markers, var, marker))
-    fill = array.fill_value
-    return chunk_statistics(values, [start for start, _stop in region], array.chunks,
-                            None if fill is None else float(fill))
 
 
 # --------------------------------------------------------------------------------------------------------------------
