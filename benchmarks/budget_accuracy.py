@@ -321,8 +321,9 @@ def child(index: int) -> int:
 
 
 def idle_worker_rss() -> tuple[int, str]:
-    """RSS of a one-thread worker after importing what a task imports (NumPy, rasterio/GDAL, xarray, zarr,
-    bottleneck, rasterflow's kernels and reader), before any data: the counterpart of WORKER_BASELINE_BYTES."""
+    """RSS of a one-thread worker after importing what a task imports (NumPy, rasterio/GDAL, zarr, bottleneck,
+    rasterflow's task and region-writer modules with the kernels and reader; not xarray or dask.array, which the
+    tasks no longer bring), before any data: the counterpart of WORKER_BASELINE_BYTES."""
     from rasterflow.cluster import ClusterSettings, open_cluster
     from rasterflow.sizing import WorkerLayout
 
@@ -333,11 +334,12 @@ def idle_worker_rss() -> tuple[int, str]:
         import numpy  # noqa: F401
         import psutil
         import rasterio  # noqa: F401
-        import xarray  # noqa: F401
         import zarr  # noqa: F401
 
         import rasterflow.kernels  # noqa: F401
         import rasterflow.read  # noqa: F401
+        import rasterflow.tasks  # noqa: F401
+        import rasterflow.write.regions  # noqa: F401
 
         gc.collect()
         return psutil.Process().memory_info().rss, rasterflow.kernels.__file__

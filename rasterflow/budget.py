@@ -61,6 +61,7 @@ __all__ = [
     "REDUCTION_EXTRA_PLANES",
     "TREE_CHUNK_EXTRA_PLANES",
     "WORKER_BASELINE_BYTES",
+    "DASK_ARRAY_WORKER_BYTES",
     "ONE_PROCESS_EXTRA_BYTES",
     "LOCAL_FILE_BYTES_BY_CODEC",
     "TILE_DECODED_FILE_BYTES",
@@ -130,26 +131,37 @@ STD_PARTIAL_PLANES = 8
 """One-date ``(y, x)`` planes of ``kernels.std_partials``: count, mean, M2, delta, the update, the boolean mask and
 the time chunk's strided date view's temporaries (rounded up)."""
 
-WORKER_BASELINE_BYTES = 200 * 10**6
-"""RSS of a Dask worker running rasterflow's tasks, apart from their arrays, the GDAL cache and the open files. Idle
-after importing what a task imports (NumPy, rasterio/GDAL, xarray, zarr, bottleneck, rasterflow's kernels and reader)
-it is 158-160 MB (benchmarks/budget_accuracy.py, 2026-12-03); during a job the allocator's retained pages, the Zarr
-codecs and Dask's bookkeeping add ~20-40 MB: the one-thread rows of budget_accuracy.py leave 180-205 MB unexplained
-by the arrays. 200 MB."""
+WORKER_BASELINE_BYTES = 135 * 10**6
+"""RSS of a Dask worker running rasterflow's tasks, apart from their arrays, the GDAL cache and the open files. The
+fused and series tasks import NumPy, rasterio/GDAL, zarr, bottleneck and rasterflow's kernels, reader and region
+writer (``rasterflow.tasks``, ``rasterflow.write.regions``), not ``dask.array`` or xarray. Idle after those imports a
+worker is 150 MB measured with the benchmark venv (benchmarks/budget_accuracy.py, 2026-12-05; its rasterio imports
+boto3, which moto brings) and ~120 MB after a whole job in rasterflow's own install; the fused and series rows of
+budget_accuracy.py measured 60-70 MB less than with the earlier worker that imported xarray (200 MB then), the same
+arrays. 135 MB."""
+
+DASK_ARRAY_WORKER_BYTES = 65 * 10**6
+"""What a worker holds more when its tasks are Dask's own array functions (the tree path's reductions,
+``graph._tree_reduce``): ``dask.array`` and, through it, xarray and pandas (``dask.array`` imports xarray whenever it
+is installed). The tree rows of budget_accuracy.py did not move when the fused and series rows dropped by 60-70 MB
+(2026-12-05). A run in one process holds them anyway: its client builds the xarray Dataset."""
 
 ONE_PROCESS_EXTRA_BYTES = 70 * 10**6
-"""What a run in one process (``cluster.processes: false``) holds beside a worker's baseline: the client, the
-scheduler and the writers live in the same interpreter as the tasks. Measured by ``rasterflow run`` on the benchmark
-samples (masked NDVI median, 1024² chunks, 2 threads, 2026-12-04): 484 MB (2048² x 8 dates, Zarr), 485-487 MB
-(4096² x 8, Zarr), 500 MB (4096² x 8, COG), 610 MB (4096² x 36, COG) against 416 / 416 / 416 / 560 MB predicted with
-the worker baseline alone (+50 to +84 MB); with it, measured / predicted 0.97-0.99 in a re-run. On tiny chunks
-(tests/test_lean_local.py, 96²) it over-predicts: 0.74."""
+"""What a run in one process (``cluster.processes: false``) holds beside a worker's baseline and the libraries of
+:data:`DASK_ARRAY_WORKER_BYTES`: the client, the scheduler and the writers live in the same interpreter as the tasks.
+Measured by ``rasterflow run`` on the benchmark samples (masked NDVI median, 1024² chunks, 2 threads, 2026-12-04):
+484 MB (2048² x 8 dates, Zarr), 485-487 MB (4096² x 8, Zarr), 500 MB (4096² x 8, COG), 610 MB (4096² x 36, COG)
+against 416 / 416 / 416 / 560 MB predicted with the worker baseline alone (+50 to +84 MB); with it, measured /
+predicted 0.97-0.99 in a re-run. On tiny chunks (tests/test_lean_local.py, 96²) it over-predicts: 0.74."""
 
 
-def baseline_bytes(inputs: BudgetInputs) -> int:
-    """The process memory a worker holds apart from its tasks, open files and GDAL cache: the worker baseline, plus
-    the client's and the scheduler's when the run is one process."""
-    return WORKER_BASELINE_BYTES + (ONE_PROCESS_EXTRA_BYTES if inputs.one_process else 0)
+def baseline_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
+    """The process memory a worker holds apart from its tasks, open files and GDAL cache: the worker baseline, with
+    ``dask.array``, xarray and pandas when the tree path's tasks or a one-process run's client bring them, plus the
+    client's and the scheduler's when the run is one process."""
+    heavy = inputs.one_process or code_path(shape, inputs) == "tree"
+    return (WORKER_BASELINE_BYTES + (DASK_ARRAY_WORKER_BYTES if heavy else 0)
+            + (ONE_PROCESS_EXTRA_BYTES if inputs.one_process else 0))
 
 
 CONCURRENT_RAMP = 0.6
@@ -405,6 +417,9 @@ class BudgetInputs:
     tile_decoder: bool = False
     """Local files of the sources' codec and tiling are decoded by :mod:`rasterflow.read.tiles`, not GDAL
     (:data:`TILE_DECODED_FILE_BYTES` per open local file)."""
+    warped: bool = False
+    """Some source is read through a warp (another CRS or resolution than the grid): GDAL's cache then holds the
+    warped blocks beside the source blocks they come from, and fills to ``gdal_cachemax``."""
     chunk_depth: Callable[[int, int], ChunkDepth] | None = field(default=None, compare=False, repr=False)
     """``(chunk_y, chunk_x) -> ChunkDepth`` from the plan's chunk index: a task holds only the items whose files
     meet its chunk; None = every item meets every chunk (the static check)."""
@@ -531,6 +546,8 @@ class BudgetReport:
     sub_block: tuple[int, int] = (0, 0)
     """``(rows, cols)`` of the sub-blocks a fused task reduces its chunk in (:func:`sub_block`); ``(0, 0)`` = the
     whole chunk at once."""
+    baseline_bytes: int = 0
+    """The worker's memory apart from tasks, files and cache (:func:`baseline_bytes`)."""
 
     @property
     def ok(self) -> bool:
@@ -550,7 +567,7 @@ class BudgetReport:
             f"(largest {format_bytes(self.peak_task_bytes)}, {self.worst_stage.stage}"
             + (f"; {format_bytes(self.held_bytes)} held between tasks" if self.held_bytes else "") + ") + "
             f"{format_bytes(self.open_files_bytes)} open files × {n} + {format_bytes(self.gdal_cache_bytes)} GDAL cache"
-            f" + {format_bytes(baseline_bytes(self.inputs))} baseline = {format_bytes(self.peak_per_worker)}"
+            f" + {format_bytes(self.baseline_bytes)} baseline = {format_bytes(self.peak_per_worker)}"
         )
 
     @property
@@ -584,7 +601,7 @@ class BudgetReport:
             "threads_per_worker": inputs.threads_per_worker,
             "n_workers": inputs.n_workers,
             "gdal_cachemax": inputs.gdal_cachemax,
-            "baseline_bytes": baseline_bytes(inputs),
+            "baseline_bytes": self.baseline_bytes,
             "peak_per_worker": self.peak_per_worker,
             "memory_limit": inputs.memory_limit,
             "limit_source": inputs.limit_source,
@@ -916,9 +933,14 @@ def open_files_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
 def gdal_cache_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
     """GDAL's block cache in one worker: ``gdal_cachemax``, but never more than the source blocks it decodes (its
     share of the tasks, each window rounded out to whole source tiles); nothing when every read decodes its tiles
-    itself (``tile_decoder``: GDAL only opens the files, its cache stays empty)."""
+    itself (``tile_decoder``: GDAL only opens the files, its cache stays empty); all of ``gdal_cachemax`` for warped
+    reads, whose cache holds the warped blocks as well as the source blocks (a 2048² float64 grid warped from 256²
+    sources at 8x, 384² chunks, 256 MB cache: a worker measured 454 MB where the decoded-bytes cap predicted 379 MB,
+    tests/test_budget_paths.py, 2026-12-05)."""
     if inputs.tile_decoder:
         return 0
+    if inputs.warped:
+        return inputs.gdal_cachemax
     n_tasks = sum(t.count for t in task_shapes(shape, inputs))
     share = math.ceil(n_tasks / max(1, inputs.n_workers))
     file_px = sum(inputs.load_itemsizes(len(shape.assets_loaded)))
@@ -1001,7 +1023,8 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
     tasks_bytes += held
     files = open_files_bytes(shape, inputs)
     cache = gdal_cache_bytes(shape, inputs)
-    peak_worker = tasks_bytes + files * n + cache + baseline_bytes(inputs)
+    baseline = baseline_bytes(shape, inputs)
+    peak_worker = tasks_bytes + files * n + cache + baseline
     client = client_peak_bytes(shape, inputs)
     allowed = int(inputs.max_fraction * inputs.memory_limit)
     refusals: list[str] = []
@@ -1012,7 +1035,7 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
             f"over budget: the {worst.stage} stage holds {worst.planes:g} planes of "
             f"{_plane_words(inputs)} = {format_bytes(worst.bytes_per_task)} per task; "
             f"{format_bytes(tasks_bytes)} for {n} task(s) at once + {format_bytes(files)} open files × {n} + "
-            f"{format_bytes(cache)} GDAL cache + {format_bytes(baseline_bytes(inputs))} baseline = "
+            f"{format_bytes(cache)} GDAL cache + {format_bytes(baseline)} baseline = "
             f"{format_bytes(peak_worker)} per worker, more than {inputs.max_fraction:g} × "
             f"{format_bytes(inputs.memory_limit)} limit = {format_bytes(allowed)}"
         )
@@ -1072,6 +1095,7 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
         warnings=tuple(warnings),
         open_files_bytes=files,
         path=code_path(shape, inputs),
+        baseline_bytes=baseline,
         concurrent_tasks=n,
         tasks_bytes=tasks_bytes,
         gdal_cache_bytes=cache,

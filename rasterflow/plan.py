@@ -550,6 +550,8 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
                 read.direct for reads in sources.reads for read in reads if read is not None):
             # no warp: every read decodes the file's tiles itself (rasterflow.read.tiles), libtiff keeps no decoder
             inputs = budget.dataclasses_replace(inputs, tile_decoder=True)
+        if any(not read.direct for reads in sources.reads for read in reads if read is not None):
+            inputs = budget.dataclasses_replace(inputs, warped=True)
         report = budget.estimate(shape, inputs, on_exceed=spec.budget.on_exceed)
     else:
         report = budget.static_estimate(shape, inputs, on_exceed=spec.budget.on_exceed)

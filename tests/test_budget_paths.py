@@ -370,25 +370,25 @@ def _apply(spec: Spec, fix: budget.Fix) -> Spec:
 
 
 def test_fix_sections_are_complete_and_pin_the_checked_layout():
-    spec = load_spec_text(SPEC.replace("memory_limit: 6GB", "memory_limit: 0.9GB")
+    spec = load_spec_text(SPEC.replace("memory_limit: 6GB", "memory_limit: 0.8GB")
                           .replace("max_items: 24", "max_items: 8")).spec
     report = _checked(spec)
     assert not report.ok
     thread_fix = next(f for f in report.fixes if "threads_per_worker" in f.description)
     pasted = yaml.safe_load(budget.fix_text(spec, thread_fix))
     # the whole cluster section: the spec's own gdal_cachemax and the checked n_workers / memory_limit stay
-    assert pasted["cluster"] == {"n_workers": 1, "threads_per_worker": 1, "memory_limit": int(0.9 * GB),
+    assert pasted["cluster"] == {"n_workers": 1, "threads_per_worker": 1, "memory_limit": int(0.8 * GB),
                                  "gdal_cachemax": "64MB"}
 
 
 @pytest.mark.parametrize("change", [
-    {"memory_limit: 6GB": "memory_limit: 0.9GB", "max_items: 24": "max_items: 8"},
+    {"memory_limit: 6GB": "memory_limit: 0.8GB", "max_items: 24": "max_items: 8"},
     {"memory_limit: 6GB": "memory_limit: 1.5GB", "gdal_cachemax: 64MB": "gdal_cachemax: 512MB",
      "y: 2048, x: 2048": "y: 256, x: 256"},
     {"memory_limit: 6GB": "memory_limit: 700MB", "max_items: 24": "max_items: 200",
      "y: 2048, x: 2048": "y: 256, x: 256", "threads_per_worker: 2": "threads_per_worker: 1"},
     {"chunks: {time: -1": "chunks: {time: 6", "memory_limit: 6GB": "memory_limit: 2GB"},
-    {"dtype: float32": "dtype: float64", "memory_limit: 6GB": "memory_limit: 1.3GB"},
+    {"dtype: float32": "dtype: float64", "memory_limit: 6GB": "memory_limit: 1.1GB"},
 ])
 def test_every_fix_pasted_into_its_spec_passes_with_the_same_peak(change):
     text = SPEC
