@@ -50,6 +50,7 @@ __all__ = [
     "CLIENT",
     "IN_PROCESS",
     "ADDRESS_ENV",
+    "process_peak_since_sample",
 ]
 
 log = logging.getLogger(__name__)
@@ -817,6 +818,25 @@ def _make_worker_probe(track_peaks: bool) -> Callable[..., dict]:
     return probe
 
 
+def process_peak_since_sample(reset: bool = True) -> int | None:
+    """This process's highest RSS since the memory sampler's last sample of it (Linux ``VmHWM``, which each sample
+    resets), in bytes; None where the kernel does not keep it. ``reset`` starts the next interval now.
+
+    What the client does after the sampler has stopped (the STAC item's statistics pass, after the cluster is
+    closed) is then still counted in the report."""
+    import re
+
+    try:
+        with open("/proc/self/status") as status:
+            match = re.search(r"VmHWM:\s+(\d+)\s+kB", status.read())
+        if reset:
+            with open("/proc/self/clear_refs", "w") as clear:
+                clear.write("5")
+    except OSError:
+        return None
+    return int(match.group(1)) * 1024 if match else None
+
+
 class MemorySampler:
     """Samples memory in every worker (and in this client process) from a background thread.
 
@@ -877,9 +897,9 @@ class MemorySampler:
             rows.append({"t": t, "worker": worker, **result})
         if self.sample_client and not in_process:
             rss = psutil.Process().memory_info().rss
-            rows.append(
-                {"t": t, "worker": CLIENT, "rss": rss, "rss_peak": rss, "managed": 0, "spilled": 0, "spill_written": 0}
-            )
+            high = process_peak_since_sample() if self.track_peaks else None  # a spike between two samples
+            rows.append({"t": t, "worker": CLIENT, "rss": rss, "rss_peak": max(rss, high or 0), "managed": 0,
+                         "spilled": 0, "spill_written": 0})
         with self._lock:
             self.samples.extend(rows)
 
@@ -940,8 +960,8 @@ class MemorySampler:
         return peaks
 
     def client_peak(self) -> int:
-        """Highest RSS sampled in the client process."""
-        return max((s["rss"] for s in self.samples if s["worker"] == CLIENT), default=0)
+        """Highest RSS seen in the client process (interval high-water marks included)."""
+        return max((max(s["rss"], s.get("rss_peak", 0)) for s in self.samples if s["worker"] == CLIENT), default=0)
 
     def spilled_bytes_total(self) -> int:
         """Bytes spilled to disk while sampling, summed over workers.

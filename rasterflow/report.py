@@ -282,6 +282,17 @@ class RunReport:
             self.client_peak = int(client_peak()) or None
         return self
 
+    def record_process_peak(self, peak: int | None) -> RunReport:
+        """Fold this process's peak RSS since the sampler stopped (:func:`rasterflow.cluster.process_peak_since_sample`)
+        into the client's peak, or into the worker's when the run was one process (its worker is this process)."""
+        if not peak:
+            return self
+        if self.client_peak is not None:
+            self.client_peak = max(self.client_peak, int(peak))
+        elif "process" in self.measured_peak_per_worker:  # cluster.IN_PROCESS: a one-process run
+            self.measured_peak_per_worker["process"] = max(self.measured_peak_per_worker["process"], int(peak))
+        return self
+
     # ---- reading and writing ----------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:

@@ -663,6 +663,10 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
         else:
             write_stac(result, plan, description, output_path=output_path, encoding=encoding,
                        software=library_versions(), catalog=loaded.resolve(spec.source.stac.catalog))
+    from rasterflow.cluster import process_peak_since_sample
+
+    # the STAC stage ran after the sampler stopped (it reads a COG back for its statistics): its peak still counts
+    report.record_process_peak(process_peak_since_sample(reset=False))
     if result.blocks_skipped:
         emit("resumed", {"skipped": result.blocks_skipped, "written": result.blocks_written})
     return result

@@ -297,6 +297,39 @@ def test_memory_sampler_sees_a_300mb_allocation(local):
     assert report.spilled_bytes == 0 and report.client_peak == sampler.client_peak()
 
 
+def _touch_and_free(nbytes: int) -> None:
+    """Allocate ``nbytes`` in this process, touch every page, free it: a spike no periodic RSS sample sees."""
+    import numpy as np
+
+    spike = np.ones(nbytes // 8)
+    del spike
+
+
+def test_client_spikes_between_samples_and_after_the_sampler_count(local):
+    """The client process's peak carries what happened between two samples (VmHWM, as in the workers) and, through
+    the report, what it did after the sampler stopped (the STAC statistics pass runs then)."""
+    import psutil
+
+    from rasterflow.cluster import process_peak_since_sample
+    from rasterflow.report import RunReport
+
+    sampler = MemorySampler(local.client, interval=10)  # no sample of its own between the ones taken here
+    sampler.sample()
+    base = psutil.Process().memory_info().rss
+    _touch_and_free(300 * 10**6)
+    sampler.sample()
+    last = [s for s in sampler.samples if s["worker"] == CLIENT][-1]
+    assert last["rss"] < base + 100e6  # the spike is gone from the RSS now...
+    assert sampler.client_peak() > base + 250e6, (base, last)  # ...but not from the client's peak
+    report = RunReport.start(spec_path="x.yaml").record_memory(sampler)
+    before = report.client_peak
+    assert before is not None
+    sampler.sample()  # the sampler's last look: the interval starts again from here
+    _touch_and_free(600 * 10**6)  # e.g. the statistics pass, after the cluster is closed
+    report.record_process_peak(process_peak_since_sample(reset=False))
+    assert report.client_peak is not None and report.client_peak > base + 550e6 > before
+
+
 def test_progress_prints_plain_lines_when_not_a_tty(local):
     client = local.client
 
