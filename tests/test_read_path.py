@@ -229,7 +229,7 @@ def test_run_with_a_truncated_file_exits_1_and_names_it(sample, tmp_path):
     report = json.loads((tmp_path / "out" / "r.zarr.report.json").read_text())
     assert report["exit_code"] == 1 and href in report["error"]
     # the worker's error reaches the client as itself, not as a bare Exception holding its repr (rasterio's GDAL
-    # errors chained under it do not unpickle; graph._portable_errors drops them)
+    # errors chained under it do not unpickle; tasks._portable_errors drops them)
     assert "ReadFailedError: cannot read" in report["error"] and "Exception: ReadFailedError(" not in report["error"]
 
 
