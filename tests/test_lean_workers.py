@@ -19,7 +19,7 @@ import xarray as xr
 
 from conftest import spec_text
 from procs import finish
-from reference import load_items, masked_ndvi, reduce_reference
+from reference import assert_same, load_items, masked_ndvi, reduce_reference
 
 pytestmark = pytest.mark.slow
 
@@ -39,8 +39,13 @@ def _probe():
     return imported
 
 
-@pytest.mark.parametrize("output", ["lean.zarr", "lean.tif"])
-def test_a_worker_that_ran_the_job_has_not_imported_dask_array_or_xarray(sample, tmp_path, output):
+@pytest.mark.parametrize("output,reduce", [
+    ("lean.zarr", "{method: median}"),  # the fused task and the Zarr region writer
+    ("lean.tif", "{method: median}"),  # the fused task, blocks gathered by the client
+    ("lean.zarr", "{method: quantile, q: [0.25, 0.75]}"),  # a band and quantile selected out of the fused block
+    ("lean.zarr", None),  # the series path: every date, no reduction
+])
+def test_a_worker_that_ran_the_job_has_not_imported_dask_array_or_xarray(sample, tmp_path, output, reduce):
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None,
@@ -48,7 +53,7 @@ def test_a_worker_that_ran_the_job_has_not_imported_dask_array_or_xarray(sample,
         before = next(iter(client.run(_probe()).values()))
         assert not any(before[name] for name in CLIENT_ONLY), before  # a fresh worker: nothing to blame on the test
         spec = tmp_path / "lean.yaml"
-        spec.write_text(spec_text(sample, reduce="{method: median}", output=f"out/{output}",
+        spec.write_text(spec_text(sample, reduce=reduce, output=f"out/{output}",
                                   chunks="{time: -1, y: 64, x: 64}",
                                   cluster=f"{{address: '{cluster.scheduler_address}'}}"))
         proc = subprocess.Popen([sys.executable, "-m", "rasterflow", "run", str(spec)], stdout=subprocess.PIPE,
@@ -63,11 +68,17 @@ def test_a_worker_that_ran_the_job_has_not_imported_dask_array_or_xarray(sample,
 
     out = tmp_path / "out" / output
     ids = json.loads((tmp_path / "out" / f"{output}.report.json").read_text())["item_ids"]
-    expected = reduce_reference(masked_ndvi(load_items(sample, ids)), "median")
+    series = masked_ndvi(load_items(sample, ids))
+    if reduce is None:
+        expected = series
+    elif "quantile" in reduce:
+        expected = np.stack([reduce_reference(series, "quantile", q) for q in (0.25, 0.75)])
+    else:
+        expected = reduce_reference(series, "median")
     if output.endswith(".zarr"):
         with xr.open_zarr(out) as ds:
             values = ds["ndvi"].values
     else:
         with rasterio.open(out) as src:
             values = src.read(1)
-    np.testing.assert_array_equal(values, expected)
+    assert_same(values, expected)
