@@ -14,7 +14,8 @@ The model follows the code path :mod:`rasterflow.graph` builds from the same res
   ``tasks.chunk_reduce``): the task then holds one sub-block's series and the chunk's result.
 - **tree** (a streaming reduction with time chunked): one task per (time chunk, spatial chunk) evaluates the bands
   into a ``(date, band, y, x)`` block (``kernels.band_block``), which stays in the worker until one reduction task
-  per band has turned it into partials (``graph._tree_reduce``: Dask's nan-reductions; std's streaming partials).
+  per band has turned it into partials (``graph._tree_reduce``: ``tasks.tree_partials``, NumPy's nan-reductions;
+  std's streaming partials).
 - **series** (no reduction): the same band block, held until every date of it is written.
 
 A task's memory is counted in *planes*: one plane is one asset's chunk over the task's items, ``t × y × x`` in the
@@ -107,18 +108,19 @@ TREE_CHUNK_EXTRA_PLANES: Mapping[str, float] = {
     "std": 0.0,
 }
 """Working copies of the per-band reduction task of the tree path, in planes of one band's time-chunk series, on top of
-the band block it reads (``graph._dask_reduce``): NumPy's nansum copies the series with NaN replaced by 0 and keeps the
-boolean mask (1 + 1/4 plane for float32), nanmean adds the valid count's two boolean planes; count is those two boolean
-planes; nanmin/nanmax reduce without a copy (``np.fmin.reduce``). std runs ``kernels.std_partials`` whose (y, x)
+the band block it reads (``tasks.tree_partials``): NumPy's nansum copies the series with NaN replaced by 0 and keeps the
+boolean mask (1 + 1/4 plane for float32), the valid count adds two boolean planes (mean, sum); count is those two
+boolean planes; min/max reduce without a copy (``np.fmin.reduce``). Measured when these were Dask's nan-reductions,
+whose copies are the same NumPy calls; checked again with budget_accuracy.py's tree rows on 2026-12-05. std runs ``kernels.std_partials`` whose (y, x)
 temporaries are :data:`STD_PARTIAL_PLANES` one-date planes."""
 
 TREE_PARTIAL_PLANES: Mapping[str, Any] = {
     # count, mean, M2 in the working dtype (kernels.std_partials), + 1 for the (1, 3, y, x) blocks' frames: measured
     # 142 MB above the baseline, cache and files at 4 time chunks of 1024² float32 where 3 gives 113 MB
     "std": lambda w: 4,
-    "mean": lambda w: 2,  # dask's nanmean: {"n", "total"} in the working dtype
-    "sum": lambda w: 1 + 1 / w,  # nansum and the boolean any() of the valid mask
-    "count": lambda w: 8 / w,  # an int64 sum of the valid mask
+    "mean": lambda w: 2,  # tasks.tree_partials: the total and the valid count in the working dtype
+    "sum": lambda w: 2,  # the same two
+    "count": lambda w: 1,  # the valid count in the working dtype
     "min": lambda w: 1,
     "max": lambda w: 1,
 }
@@ -141,10 +143,12 @@ budget_accuracy.py measured 60-70 MB less than with the earlier worker that impo
 arrays. 135 MB."""
 
 DASK_ARRAY_WORKER_BYTES = 65 * 10**6
-"""What a worker holds more when its tasks are Dask's own array functions (the tree path's reductions,
-``graph._tree_reduce``): ``dask.array`` and, through it, xarray and pandas (``dask.array`` imports xarray whenever it
-is installed). The tree rows of budget_accuracy.py did not move when the fused and series rows dropped by 60-70 MB
-(2026-12-05). A run in one process holds them anyway: its client builds the xarray Dataset."""
+"""What a process holds more when it imports ``dask.array`` and, through it, xarray and pandas (``dask.array``
+imports xarray whenever it is installed): a one-process run's client builds the xarray Dataset, so its process holds
+them. Worker processes do not: every task function lives in :mod:`rasterflow.tasks` (or is NumPy's or the
+stdlib's), the tree path's partials and combines too. Measured 2026-12-05: the fused and series rows of
+budget_accuracy.py dropped by 60-70 MB when their tasks left the heavy modules, the tree rows did not until theirs
+did."""
 
 ONE_PROCESS_EXTRA_BYTES = 70 * 10**6
 """What a run in one process (``cluster.processes: false``) holds beside a worker's baseline and the libraries of
@@ -156,12 +160,10 @@ predicted 0.97-0.99 in a re-run. On tiny chunks (tests/test_lean_local.py, 96²)
 
 
 def baseline_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
-    """The process memory a worker holds apart from its tasks, open files and GDAL cache: the worker baseline, with
-    ``dask.array``, xarray and pandas when the tree path's tasks or a one-process run's client bring them, plus the
-    client's and the scheduler's when the run is one process."""
-    heavy = inputs.one_process or code_path(shape, inputs) == "tree"
-    return (WORKER_BASELINE_BYTES + (DASK_ARRAY_WORKER_BYTES if heavy else 0)
-            + (ONE_PROCESS_EXTRA_BYTES if inputs.one_process else 0))
+    """The process memory a worker holds apart from its tasks, open files and GDAL cache: the worker baseline, plus,
+    when the run is one process, ``dask.array``, xarray and pandas (its client builds the Dataset) and the client's
+    and the scheduler's own memory. ``shape`` is the job's (every path's tasks are equally light today)."""
+    return WORKER_BASELINE_BYTES + ((DASK_ARRAY_WORKER_BYTES + ONE_PROCESS_EXTRA_BYTES) if inputs.one_process else 0)
 
 
 CONCURRENT_RAMP = 0.6

@@ -24,7 +24,7 @@ import numpy as np
 import xarray as xr
 from dask.highlevelgraph import HighLevelGraph
 
-from rasterflow import kernels
+from rasterflow import kernels, tasks
 from rasterflow.plan import JobPlan
 from rasterflow.read import ReadJob
 from rasterflow.tasks import chunk_bands, chunk_reduce
@@ -194,8 +194,8 @@ def build_dataset(plan: JobPlan) -> xr.Dataset:
     else:
         bands = _task_array(plan, "rasterflow-bands", chunk_bands, item_chunks, (date_chunks, (n_bands,)),
                             program.dtype)
-        variables = {name: _reduced_dims(_tree_reduce(_time_chunked_band(bands, index, name), program), keep_period,
-                                         keep_quantile)
+        variables = {name: _reduced_band(_tree_reduce(_time_chunked_band(bands, index, name), program, name), 0, name,
+                                         keep_period, keep_quantile)
                      for index, name in enumerate(program.band_names)}
     if plan.period_labels:
         coords["period"] = np.array(plan.period_labels)
@@ -255,55 +255,69 @@ def _reduced_dims(stacked: da.Array, keep_period: bool, keep_quantile: bool):
     return tuple(names), array.rechunk(chunks) if chunks else array
 
 
-def _tree_reduce(series: da.Array, program: kernels.Program) -> da.Array:
-    """A reduction over a chunked time axis (streaming methods only; the budget refuses median/quantile here)."""
+class _TreePartials:
+    """The task of block ``(k, 0, i, j)`` of a tree's partials: one band's time chunk ``k`` -> its partials."""
+
+    def __init__(self, source: str, method: str, local: list[tuple[tuple[int, ...], ...]]):
+        self.source, self.method, self.local = source, method, local
+
+    def __call__(self, block: tuple[int, ...]) -> tuple:
+        k, i, j = block[0], block[-2], block[-1]
+        return (tasks.tree_partials, (self.source, k, i, j), self.method, self.local[k])
+
+
+class _TreeCombine:
+    """The task of block ``(c, 0, i, j)`` of a tree level: up to ``fan_in`` partials of the level below combined."""
+
+    def __init__(self, source: str, below: int, fan_in: int, method: str):
+        self.source, self.below, self.fan_in, self.method = source, below, fan_in, method
+
+    def __call__(self, block: tuple[int, ...]) -> tuple:
+        c, i, j = block[0], block[-2], block[-1]
+        keys = [(self.source, k, 0, i, j) for k in range(c * self.fan_in, min((c + 1) * self.fan_in, self.below))]
+        return (tasks.tree_combine, keys, self.method)
+
+
+class _TreeFinish:
+    """The task of block ``(0, 0, 0, i, j)``: the combined partials of a spatial chunk -> the reduction."""
+
+    def __init__(self, source: str, method: str, n_groups: int):
+        self.source, self.method, self.n_groups = source, method, n_groups
+
+    def __call__(self, block: tuple[int, ...]) -> tuple:
+        return (tasks.tree_finish, (self.source, 0, 0, block[-2], block[-1]), self.method, self.n_groups)
+
+
+def _tree_reduce(series: da.Array, program: kernels.Program, band_name: str) -> da.Array:
+    """A streaming reduction over a chunked time axis (median/quantile are refused here by the budget) ->
+    ``(group, 1, 1, y, x)``, one block per spatial chunk, shaped as the fused task's result so that
+    :func:`_reduced_band` cuts it the same way. Partials per time chunk (:func:`rasterflow.tasks.tree_partials`),
+    combined :data:`~rasterflow.budget.TREE_SPLIT_EVERY` at a time, then finished: each a lazy
+    :class:`~rasterflow.layers.TaskLayer` whose functions live in :mod:`rasterflow.tasks`, so the workers import
+    neither dask.array nor xarray for them (Dask's nan-reductions did). The partial and combine levels' blocks are
+    ``{period: partials}`` dicts (a time chunk holds only its own periods'); their declared chunks only place them
+    in the graph, nothing reads them as arrays."""
+    from rasterflow.budget import TREE_SPLIT_EVERY
+
+    method = program.reduce_method
+    assert method in tasks.TREE_PARTS, f"{method} needs time whole (chunks.time: -1)"
     groups = program.groups or (tuple(range(series.shape[0])),)
-    results = []
-    for indices in groups:
-        subset = series[list(indices)] if len(indices) != series.shape[0] else series
-        if program.reduce_method == "std":
-            results.append(_tree_std(subset))
-        else:
-            assert program.reduce_method is not None  # no reduction takes the series path, not this one
-            results.append(_dask_reduce(subset, program.reduce_method))
-    return da.stack(results)[:, None]
-
-
-def _tree_std(values: da.Array) -> da.Array:
-    """std over a chunked time axis in the working dtype: streaming partials (count, mean, M2) per time chunk,
-    combined in a tree (``kernels.combine_std_partials``), finished per spatial chunk. Each step holds its input
-    plus a few ``(y, x)`` planes, which ``budget.py`` counts (``da.nanstd`` made ~8 float64 copies)."""
-    # (dask's annotations read Array.map_blocks as the decorator form, hence the ignore)
-    parts = values.map_blocks(lambda block: kernels.std_partials(block)[None], dtype=values.dtype,  # type: ignore
-                              chunks=((1,) * values.numblocks[0], (3,), *values.chunks[1:]), new_axis=1)
-    combined = da.reduction(parts, chunk=_keep_partials, combine=_combine_partials, aggregate=_combine_partials,
-                            axis=0, keepdims=True, dtype=values.dtype, concatenate=True,
-                            meta=np.empty((0, 0, 0, 0), dtype=values.dtype))
-    return combined.map_blocks(lambda block: kernels.finish_std(block[0]), drop_axis=(0, 1), dtype=values.dtype)
-
-
-def _keep_partials(block: np.ndarray, axis: Any = None, keepdims: bool = True) -> np.ndarray:
-    return block
-
-
-def _combine_partials(block: np.ndarray, axis: Any = None, keepdims: bool = True) -> np.ndarray:
-    return kernels.combine_std_partials(block)[None]
-
-
-def _dask_reduce(values: da.Array, method: str) -> da.Array:
-    valid = ~da.isnan(values)
-    if method == "mean":
-        result = da.nanmean(values, axis=0)
-    elif method == "std":
-        result = da.nanstd(values, axis=0)
-    elif method == "min":
-        result = da.nanmin(values, axis=0)
-    elif method == "max":
-        result = da.nanmax(values, axis=0)
-    elif method == "sum":
-        result = da.where(valid.any(axis=0), da.nansum(values, axis=0), np.nan)
-    elif method == "count":
-        result = valid.sum(axis=0)
-    else:
-        raise ValueError(f"{method} needs time whole (chunks.time: -1)")
-    return result.astype(values.dtype)
+    edges = _bounds(series.chunks[0])
+    local = [tuple(tuple(d - t0 for d in group if t0 <= d < t1) for group in groups) for t0, t1 in edges]
+    ny, nx = series.numblocks[-2:]
+    spatial = series.chunks[-2:]
+    n_groups, n_parts = len(groups), tasks.TREE_PARTS[method]
+    token = dask.base.tokenize(series.name, method, groups)
+    prefix = f"rasterflow-tree-{method}-{band_name}"
+    level = _lazy_array(f"{prefix}-partials-{token}", (len(edges), 1, ny, nx),
+                        _TreePartials(series.name, method, local),
+                        ((n_groups,) * len(edges), (n_parts,), *spatial), series.dtype, dependencies=[series])
+    below, depth = len(edges), 0
+    while below > 1:
+        count = -(-below // TREE_SPLIT_EVERY)
+        level = _lazy_array(f"{prefix}-combine{depth}-{token}", (count, 1, ny, nx),
+                            _TreeCombine(level.name, below, TREE_SPLIT_EVERY, method),
+                            ((n_groups,) * count, (n_parts,), *spatial), series.dtype, dependencies=[level])
+        below, depth = count, depth + 1
+    return _lazy_array(f"{prefix}-{token}", (1, 1, 1, ny, nx), _TreeFinish(level.name, method, n_groups),
+                       ((n_groups,), (1,), (1,), *spatial), series.dtype, dependencies=[level])

@@ -85,3 +85,79 @@ def chunk_bands(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], prog
     """Read a time slice of one chunk (the items of ``view``) and evaluate the bands -> ``(date, band, y, x)``."""
     with gdal_env():
         return kernels.band_block(item_stream(job, rows, cols), program, view)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The tree path (time chunked, a streaming reduction): partials per time chunk, combined four at a time, finished.
+# Written here rather than with dask.array's reductions so that these workers, too, import neither dask.array nor
+# xarray; the memory of each step is NumPy's nan-reductions' (what budget.py counts).
+
+TREE_PARTS = {"mean": 2, "sum": 2, "count": 1, "min": 1, "max": 1, "std": 3}
+"""Planes of one group's partial: mean/sum: (total, valid count); count; min/max: the extreme; std: count, mean, M2."""
+
+
+def tree_partials(block: np.ndarray, method: str, groups: tuple[tuple[int, ...], ...]) -> dict[int, np.ndarray]:
+    """One band's ``(t, y, x)`` time chunk -> ``{group: (part, y, x)}`` partials of ``method`` for the groups
+    (periods) with dates in this chunk, each over those dates (``groups``: local indices per group). A chunk holds
+    the partials of its own periods only, as Dask's per-period reductions did."""
+    out: dict[int, np.ndarray] = {}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for g, local in enumerate(groups):
+            if not local:
+                continue
+            subset = block if len(local) == block.shape[0] else block[list(local)]
+            if method == "std":
+                out[g] = kernels.std_partials(subset)
+                continue
+            part = np.empty((TREE_PARTS[method], *block.shape[1:]), dtype=block.dtype)
+            if method in ("min", "max"):
+                (np.fmin if method == "min" else np.fmax).reduce(subset, axis=0, out=part[0])
+            elif method == "count":
+                part[0] = np.count_nonzero(~np.isnan(subset), axis=0)
+            else:
+                np.nansum(subset, axis=0, out=part[0])
+                part[1] = np.count_nonzero(~np.isnan(subset), axis=0)
+            out[g] = part
+            del subset
+    return out
+
+
+def tree_combine(parts: list[dict[int, np.ndarray]], method: str) -> dict[int, np.ndarray]:
+    """The partials of several time chunks -> one ``{group: (part, y, x)}``: per group, those that have it combined."""
+    out: dict[int, np.ndarray] = {}
+    for g in sorted(set().union(*parts)):
+        have = [p[g] for p in parts if g in p]
+        if len(have) == 1:
+            out[g] = have[0]
+        elif method == "std":
+            out[g] = kernels.combine_std_partials(np.stack(have))
+        else:
+            total = have[0].copy()
+            for other in have[1:]:
+                if method in ("min", "max"):
+                    (np.fmin if method == "min" else np.fmax)(total, other, out=total)
+                else:
+                    total += other
+            out[g] = total
+    return out
+
+
+def tree_finish(partials: dict[int, np.ndarray], method: str, n_groups: int) -> np.ndarray:
+    """Combined ``{group: (part, y, x)}`` partials -> the reduction ``(group, 1, 1, y, x)`` (quantile and band axes
+    of one, as the fused task's result), NaN where a group has no valid date (count: 0)."""
+    first = next(iter(partials.values()))
+    out = np.full((n_groups, 1, 1, *first.shape[1:]), np.nan, dtype=first.dtype)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for g, part in partials.items():
+            if method == "std":
+                out[g, 0, 0] = kernels.finish_std(part)
+            elif method in ("min", "max", "count"):
+                out[g, 0, 0] = part[0]
+            else:
+                total, valid = part[0], part[1]
+                result = total / valid if method == "mean" else total.copy()
+                result[valid == 0] = np.nan
+                out[g, 0, 0] = result
+    if method == "count":
+        np.nan_to_num(out, copy=False, nan=0.0)  # a group absent from every chunk: no valid date
+    return out

@@ -141,13 +141,15 @@ def test_tree_std_counts_partials_not_float64_copies():
     assert report.tasks_bytes < 8 * 2 * series4 + series4 + 16 * ONE
 
 
-def test_tree_mean_partials_and_count_in_int64():
+def test_tree_mean_partials_two_planes_count_one():
     mean = budget.estimate(_shape("mean"), _inputs(chunk_time=4))
     count = budget.estimate(_shape("count"), _inputs(chunk_time=4))
-    # mean: {"n", "total"} = 2 one-date planes per time chunk; count: an int64 sum = 2 float32 planes
-    for report, method in ((mean, "mean"), (count, "count")):
-        assert {s.stage: s.bytes_per_task for s in report.stages}[f"combine {method} (tree)"] == 4 * 2 * ONE + 2 * ONE
-        assert report.held_bytes == 4 * ONE + 4 * 2 * ONE
+    # tasks.tree_partials: mean keeps the total and the valid count (2 one-date planes of the working dtype per time
+    # chunk), count the valid count alone (1 plane)
+    for report, method, planes in ((mean, "mean", 2), (count, "count", 1)):
+        stages = {s.stage: s.bytes_per_task for s in report.stages}
+        assert stages[f"combine {method} (tree)"] == 4 * planes * ONE + 2 * ONE
+        assert report.held_bytes == 4 * ONE + 4 * planes * ONE
 
 
 def test_series_holds_a_finished_block_while_it_is_written():
@@ -278,7 +280,10 @@ def test_std_partials_combined_in_any_split_match_numpy(dtype):
     assert whole[1, 1] == 0 and np.isnan(whole[0, 0])
 
 
-def test_tree_std_through_dask_matches_the_fused_kernel():
+@pytest.mark.parametrize("method", ["std", "mean", "sum", "count", "min", "max"])
+def test_the_tree_reduction_matches_the_fused_kernel(method):
+    """graph._tree_reduce on a time axis in chunks of 5 (8 chunks: two combine levels) equals the time-whole
+    reduction, NaN where no date is valid; with two periods, each is its own group."""
     import dask
     import dask.array as da
 
@@ -287,12 +292,19 @@ def test_tree_std_through_dask_matches_the_fused_kernel():
     rng = np.random.default_rng(3)
     values = rng.random((37, 70, 65)).astype("float32")
     values[rng.random(values.shape) < 0.4] = np.nan
-    with dask.config.set(scheduler="synchronous"):
-        tree = graph._tree_std(da.from_array(values, chunks=(5, 32, 32))).compute()
-    fused = kernels.reduce_time(values, "std")[0]  # bottleneck's nanstd, the time-whole path
-    assert tree.dtype == np.float32
-    assert np.array_equal(np.isnan(tree), np.isnan(fused))
-    np.testing.assert_allclose(tree, fused, rtol=2e-5, atol=1e-7)
+    values[:, :3, :3] = np.nan  # pixels without a valid date
+    values[:20, 5, 5] = np.nan  # a pixel valid only in the second period
+    periods = (tuple(range(20)), tuple(range(20, 37)))
+    for groups in ((), periods):
+        program = kernels.Program(assets=("x",), mask=None, masked_assets=(), bands=(), dtype="float32",
+                                  reduce_method=method, groups=groups)
+        with dask.config.set(scheduler="synchronous"):
+            tree = graph._tree_reduce(da.from_array(values, chunks=(5, 32, 32)), program, "x").compute()
+        assert tree.shape == (len(groups) or 1, 1, 1, 70, 65) and tree.dtype == np.float32
+        for g, dates in enumerate(groups or (tuple(range(37)),)):
+            fused = kernels.reduce_time(values[list(dates)], method)[0]  # the time-whole path
+            assert np.array_equal(np.isnan(tree[g, 0, 0]), np.isnan(fused)), (method, g)
+            np.testing.assert_allclose(tree[g, 0, 0], fused, rtol=2e-5, atol=1e-6)
 
 
 # --- validate's assumptions -----------------------------------------------------------------------------------------

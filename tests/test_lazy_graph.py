@@ -172,8 +172,8 @@ def _old_variables(plan, dataset) -> dict[str, da.Array]:
             out[band] = root[:, b].rechunk({0: 1})
         elif layer[next(iter(layer))][0] is graph.chunk_reduce:
             out[band] = graph._reduced_dims(root[:, :, b], *keep)[1]
-        else:  # the tree path: time chunked, reduced by Dask
-            out[band] = graph._reduced_dims(graph._tree_reduce(root[:, b], program), *keep)[1]
+        else:  # the tree path: time chunked, reduced by the tree's own layers over the band sliced by Dask
+            out[band] = graph._reduced_band(graph._tree_reduce(root[:, b], program, band), 0, band, *keep)[1]
     return out
 
 

@@ -44,6 +44,7 @@ def _probe():
     ("lean.tif", "{method: median}"),  # the fused task, blocks gathered by the client
     ("lean.zarr", "{method: quantile, q: [0.25, 0.75]}"),  # a band and quantile selected out of the fused block
     ("lean.zarr", None),  # the series path: every date, no reduction
+    ("lean.zarr", "{method: mean}"),  # with time in chunks of 3 (below): the tree path's partials and combines
 ])
 def test_a_worker_that_ran_the_job_has_not_imported_dask_array_or_xarray(sample, tmp_path, output, reduce):
     from distributed import Client, LocalCluster
@@ -54,7 +55,7 @@ def test_a_worker_that_ran_the_job_has_not_imported_dask_array_or_xarray(sample,
         assert not any(before[name] for name in CLIENT_ONLY), before  # a fresh worker: nothing to blame on the test
         spec = tmp_path / "lean.yaml"
         spec.write_text(spec_text(sample, reduce=reduce, output=f"out/{output}",
-                                  chunks="{time: -1, y: 64, x: 64}",
+                                  chunks=f"{{time: {3 if reduce == '{method: mean}' else -1}, y: 64, x: 64}}",
                                   cluster=f"{{address: '{cluster.scheduler_address}'}}"))
         proc = subprocess.Popen([sys.executable, "-m", "rasterflow", "run", str(spec)], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT)
@@ -71,6 +72,8 @@ def test_a_worker_that_ran_the_job_has_not_imported_dask_array_or_xarray(sample,
     series = masked_ndvi(load_items(sample, ids))
     if reduce is None:
         expected = series
+    elif reduce == "{method: mean}":
+        expected = reduce_reference(series, "mean")
     elif "quantile" in reduce:
         expected = np.stack([reduce_reference(series, "quantile", q) for q in (0.25, 0.75)])
     else:
