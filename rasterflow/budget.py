@@ -61,6 +61,7 @@ __all__ = [
     "enforce",
     "REDUCTION_EXTRA_PLANES",
     "TREE_CHUNK_EXTRA_PLANES",
+    "TREE_BOOLEAN_PLANES",
     "WORKER_BASELINE_BYTES",
     "DASK_ARRAY_WORKER_BYTES",
     "ONE_PROCESS_EXTRA_BYTES",
@@ -111,8 +112,14 @@ TREE_CHUNK_EXTRA_PLANES: Mapping[str, float] = {
 the band block it reads (``tasks.tree_partials``): NumPy's nansum copies the series with NaN replaced by 0 and keeps the
 boolean mask (1 + 1/4 plane for float32), the valid count adds two boolean planes (mean, sum); count is those two
 boolean planes; min/max reduce without a copy (``np.fmin.reduce``). Measured when these were Dask's nan-reductions,
-whose copies are the same NumPy calls; checked again with budget_accuracy.py's tree rows on 2026-12-05. std runs ``kernels.std_partials`` whose (y, x)
-temporaries are :data:`STD_PARTIAL_PLANES` one-date planes."""
+whose copies are the same NumPy calls; checked again with budget_accuracy.py's tree rows on 2026-12-05. std runs
+``kernels.std_partials`` whose (y, x) temporaries are :data:`STD_PARTIAL_PLANES` one-date planes. For float32; other
+working dtypes scale the boolean part (:data:`TREE_BOOLEAN_PLANES`)."""
+
+TREE_BOOLEAN_PLANES: Mapping[str, float] = {"mean": 0.75, "sum": 0.75, "count": 0.5}
+"""The boolean masks' share of :data:`TREE_CHUNK_EXTRA_PLANES` (in float32 planes: each mask is 1/4 of one): for
+float64 the same masks are 1/8 of a plane. Without it the float64 sum row of budget_accuracy.py came out 1.35x its
+measured peak (2026-12-05)."""
 
 TREE_PARTIAL_PLANES: Mapping[str, Any] = {
     # count, mean, M2 in the working dtype (kernels.std_partials), + 1 for the (1, 3, y, x) blocks' frames: measured
@@ -780,6 +787,8 @@ def _task_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape,
         partial = _tree_partial(shape, inputs, task)
         subset = series if shape.has_period else 0  # the period's dates are taken (copied) from the block
         copies = TREE_CHUNK_EXTRA_PLANES.get(method, REDUCTION_EXTRA_PLANES.get(method, 1.0))
+        if method in TREE_BOOLEAN_PLANES:  # the constants are float32's: a boolean plane is 1/w of a working one
+            copies -= TREE_BOOLEAN_PLANES[method] * (1 - 4 / w)
         extra = copies * series + (STD_PARTIAL_PLANES * one if method == "std" else 0)
         stages.append((f"reduce {method} (tree)", int(block_out + subset + extra + partial),
                        f"the {n_bands}-band block + {copies:g} working copies of a band"
@@ -819,13 +828,12 @@ def held_between_tasks(shape: PipelineShape, inputs: BudgetInputs) -> int:
     # budget_accuracy.py at 0.81-0.88 of their measured peak with either decoder, 2026-12-04)
     held = len(shape.bands) * task.dates * one * concurrent_tasks(shape, inputs)
     if path == "tree":
-        # the partials of every time chunk; with periods each period is its own reduction, with a partial per time
-        # chunk it touches, and its dates are taken (copied) out of the block
+        # the partials of every time chunk; with periods a time chunk holds a partial per period it touches
+        # (tasks.tree_partials; the period's dates are copied out of the block inside the task, counted there)
         partials = inputs.n_time_chunks
         if shape.has_period:
             group = min(inputs.group_dates or task.dates, inputs.n_time)
             partials = n_groups * min(inputs.n_time_chunks, math.ceil(group / inputs.time_per_chunk) + 1)
-            held += len(shape.bands) * min(group, task.dates) * one
         held += int(partials * len(shape.bands) * _tree_partial(shape, inputs, task))
     return held
 
