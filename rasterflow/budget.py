@@ -61,7 +61,6 @@ __all__ = [
     "enforce",
     "REDUCTION_EXTRA_PLANES",
     "TREE_CHUNK_EXTRA_PLANES",
-    "TREE_BOOLEAN_PLANES",
     "WORKER_BASELINE_BYTES",
     "DASK_ARRAY_WORKER_BYTES",
     "ONE_PROCESS_EXTRA_BYTES",
@@ -100,30 +99,27 @@ REDUCTION_EXTRA_PLANES: Mapping[str, float] = {
     "max": 0.1,
 }
 
-TREE_CHUNK_EXTRA_PLANES: Mapping[str, float] = {
-    "mean": 1.75,
-    "sum": 1.75,
-    "count": 0.5,
-    "min": 0.1,
-    "max": 0.1,
-    "std": 0.0,
+TREE_CHUNK_EXTRA_PLANES: Mapping[str, Any] = {
+    "mean": lambda w: 1 + 3 / w,  # nansum's NaN-free copy and its mask, the valid count's two masks
+    "sum": lambda w: 1 + 3 / w,
+    "count": lambda w: 2 / w,  # the valid count's two masks
+    "min": lambda w: 0.1,
+    "max": lambda w: 0.1,
+    "std": lambda w: 0.0,
 }
-"""Working copies of the per-band reduction task of the tree path, in planes of one band's time-chunk series, on top of
-the band block it reads (``tasks.tree_partials``): NumPy's nansum copies the series with NaN replaced by 0 and keeps the
-boolean mask (1 + 1/4 plane for float32), the valid count adds two boolean planes (mean, sum); count is those two
-boolean planes; min/max reduce without a copy (``np.fmin.reduce``). Measured when these were Dask's nan-reductions,
-whose copies are the same NumPy calls; checked again with budget_accuracy.py's tree rows on 2026-12-05. std runs
-``kernels.std_partials`` whose (y, x) temporaries are :data:`STD_PARTIAL_PLANES` one-date planes. For float32; other
-working dtypes scale the boolean part (:data:`TREE_BOOLEAN_PLANES`)."""
-
-TREE_BOOLEAN_PLANES: Mapping[str, float] = {"mean": 0.75, "sum": 0.75, "count": 0.5}
-"""The boolean masks' share of :data:`TREE_CHUNK_EXTRA_PLANES` (in float32 planes: each mask is 1/4 of one): for
-float64 the same masks are 1/8 of a plane. Without it the float64 sum row of budget_accuracy.py came out 1.35x its
-measured peak (2026-12-05)."""
+"""Working copies of the per-band reduction task of the tree path, in planes of one band's time-chunk series of
+itemsize ``w``, on top of the band block it reads (``tasks.tree_partials``): NumPy's nansum copies the series with
+NaN replaced by 0 and keeps a boolean mask (1 + 1/w plane), the valid count adds two boolean planes (mean, sum);
+count is those two boolean planes; min/max reduce without a copy (``np.fmin.reduce``). Measured for float32 (1.75,
+0.5) when these were Dask's nan-reductions, whose copies are the same NumPy calls, and checked again with
+budget_accuracy.py's tree rows on 2026-12-05; with the masks counted as a fixed 3/4 plane, the float64 sum row came
+out 1.35x its measured peak (now 1.27x). std runs ``kernels.std_partials`` whose (y, x) temporaries are
+:data:`STD_PARTIAL_PLANES` one-date planes."""
 
 TREE_PARTIAL_PLANES: Mapping[str, Any] = {
-    # count, mean, M2 in the working dtype (kernels.std_partials), + 1 for the (1, 3, y, x) blocks' frames: measured
-    # 142 MB above the baseline, cache and files at 4 time chunks of 1024² float32 where 3 gives 113 MB
+    # count, mean, M2 in the working dtype (kernels.std_partials), + 1 measured when Dask's reduction concatenated
+    # (1, 3, y, x) blocks (142 MB above the baseline, cache and files at 4 time chunks of 1024² float32 where 3 gave
+    # 113 MB); kept, as budget_accuracy.py's std rows still measure 0.95-1.08 of it
     "std": lambda w: 4,
     "mean": lambda w: 2,  # tasks.tree_partials: the total and the valid count in the working dtype
     "sum": lambda w: 2,  # the same two
@@ -166,10 +162,10 @@ against 416 / 416 / 416 / 560 MB predicted with the worker baseline alone (+50 t
 predicted 0.97-0.99 in a re-run. On tiny chunks (tests/test_lean_local.py, 96²) it over-predicts: 0.74."""
 
 
-def baseline_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
+def baseline_bytes(inputs: BudgetInputs) -> int:
     """The process memory a worker holds apart from its tasks, open files and GDAL cache: the worker baseline, plus,
     when the run is one process, ``dask.array``, xarray and pandas (its client builds the Dataset) and the client's
-    and the scheduler's own memory. ``shape`` is the job's (every path's tasks are equally light today)."""
+    and the scheduler's own memory."""
     return WORKER_BASELINE_BYTES + ((DASK_ARRAY_WORKER_BYTES + ONE_PROCESS_EXTRA_BYTES) if inputs.one_process else 0)
 
 
@@ -786,9 +782,8 @@ def _task_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape,
         method = shape.reduce_method or ""
         partial = _tree_partial(shape, inputs, task)
         subset = series if shape.has_period else 0  # the period's dates are taken (copied) from the block
-        copies = TREE_CHUNK_EXTRA_PLANES.get(method, REDUCTION_EXTRA_PLANES.get(method, 1.0))
-        if method in TREE_BOOLEAN_PLANES:  # the constants are float32's: a boolean plane is 1/w of a working one
-            copies -= TREE_BOOLEAN_PLANES[method] * (1 - 4 / w)
+        copies = TREE_CHUNK_EXTRA_PLANES[method](w) if method in TREE_CHUNK_EXTRA_PLANES else \
+            REDUCTION_EXTRA_PLANES.get(method, 1.0)
         extra = copies * series + (STD_PARTIAL_PLANES * one if method == "std" else 0)
         stages.append((f"reduce {method} (tree)", int(block_out + subset + extra + partial),
                        f"the {n_bands}-band block + {copies:g} working copies of a band"
@@ -820,7 +815,8 @@ def held_between_tasks(shape: PipelineShape, inputs: BudgetInputs) -> int:
     one = task.pixels * dtype_itemsize(inputs.dtype)
     n_groups = _n_groups(shape, inputs)
     if path == "fused":
-        # a result with periods or quantiles is split into one chunk per entry by a copy (graph._reduced_dims)
+        # a result with periods or quantiles stays whole while its entries are written (graph._reduced_band selects
+        # views of it), beside the next task
         entries = n_groups * max(1, shape.n_quantiles)
         return entries * len(shape.bands) * one if entries > 1 else 0
     # each thread's finished block waits while the thread runs its next task: its reduction or write is queued
@@ -1033,7 +1029,7 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
     tasks_bytes += held
     files = open_files_bytes(shape, inputs)
     cache = gdal_cache_bytes(shape, inputs)
-    baseline = baseline_bytes(shape, inputs)
+    baseline = baseline_bytes(inputs)
     peak_worker = tasks_bytes + files * n + cache + baseline
     client = client_peak_bytes(shape, inputs)
     allowed = int(inputs.max_fraction * inputs.memory_limit)

@@ -246,7 +246,11 @@ def _time_chunked_band(bands: da.Array, band: int, name: str) -> da.Array:
 
 
 def _reduced_dims(stacked: da.Array, keep_period: bool, keep_quantile: bool):
-    """``(group, quantile, y, x)`` -> the dims a user expects: period only with a period, quantile only for a list."""
+    """``(group, quantile, y, x)`` -> the dims a user expects: period only with a period, quantile only for a list.
+
+    Dask's slicing and rechunking: no longer part of the graph (:func:`_reduced_band` gives the same blocks as one
+    lazy layer); kept as the reference construction ``tests/test_lazy_graph.py`` and ``benchmarks/bounded_submit.py``
+    compare it with."""
     dims = ["period", "quantile", "y", "x"]
     index: list[Any] = [slice(None) if keep_period else 0, slice(None) if keep_quantile else 0]
     array = stacked[tuple(index)]
