@@ -184,6 +184,10 @@ COG_WRITER_BYTES = 10 * 10**6
 """What the COG writer adds to the client besides the blocks, its GDAL cache and the COG copy's row buffers
 (:data:`COG_COPY_ROWS`): the GTiff and COG drivers, the received blocks' frames."""
 
+ASSEMBLY_LEVEL_COPIES = 2
+"""Copies of the client's overview levels (``write.cogassembly``) alive while it makes the next one: the level, and
+``cogtiles.halve``'s masked copy and sums."""
+
 COG_COPY_ROWS = 4800
 """Output rows (each ``width × bands × stored itemsize`` bytes) that GDAL's COG driver holds, besides its block
 cache, while it tiles the finished file and builds its overviews on one thread (``write.cog``, after the last
@@ -321,6 +325,13 @@ class PipelineShape:
     """``output.encoding.dtype`` (None: the working dtype)."""
     tile_size: int | None = None
     """``output.tiling.size``: each tile is its own store, sharded on its own grid."""
+    cog_blocksize: int = 512
+    """``output.cog.blocksize``."""
+    cog_resampling: str = "average"
+    """``output.cog.overview_resampling``: with ``average`` the workers can compress the COG's tiles
+    (:mod:`rasterflow.write.cogtiles`)."""
+    compression: str = "zstd"
+    """``output.compression``."""
 
 
 def pipeline_shape(spec: Any) -> PipelineShape:
@@ -348,6 +359,9 @@ def pipeline_shape(spec: Any) -> PipelineShape:
         zarr_shards=spec.output.zarr_shards,
         stored_dtype=spec.output.encoding.dtype,
         tile_size=spec.output.tiling.size if spec.output.tiling else None,
+        cog_blocksize=spec.output.cog.blocksize,
+        cog_resampling=spec.output.cog.overview_resampling,
+        compression=spec.output.compression,
     )
 
 
@@ -962,27 +976,71 @@ def gdal_cache_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
     return min(inputs.gdal_cachemax, decoded)
 
 
+def _cog_files(shape: PipelineShape, inputs: BudgetInputs) -> int:
+    """COG files one write makes: one per period and quantile, or per date without a reduction."""
+    if not shape.reduce_method:
+        return inputs.dates
+    files = max(1, shape.n_quantiles if shape.reduce_method == "quantile" else 1)
+    if shape.has_period:
+        files *= math.ceil(inputs.dates / max(1, inputs.group_dates or inputs.dates))
+    return files
+
+
+def _axis_chunks(size: int, chunk: int) -> tuple[int, ...]:
+    return (chunk,) * (size // chunk) + ((size % chunk,) if size % chunk else ())
+
+
+def cog_tile_layout(shape: PipelineShape, inputs: BudgetInputs) -> Any:
+    """The :class:`~rasterflow.write.cogtiles.TileLayout` of a COG whose tiles the workers compress, or None when
+    GDAL's COG driver copies the finished file instead (``write.cog`` makes the same choice)."""
+    if shape.output_format != "cog":
+        return None
+    from rasterflow.write import cogtiles
+    from rasterflow.write.common import Encoding
+
+    if not cogtiles.assembly_enabled():
+        return None
+    height, width = inputs.grid_shape
+    if shape.tile_size:
+        height, width = min(height, shape.tile_size), min(width, shape.tile_size)
+    cy, cx = inputs.chunk_yx
+    try:
+        stored = Encoding(dtype=shape.stored_dtype).resolved(inputs.dtype)
+    except ValueError:
+        return None
+    codec = "zstd" if shape.compression == "lz4" else shape.compression
+    return cogtiles.fast_layout(
+        height=height, width=width, chunks=(_axis_chunks(height, cy), _axis_chunks(width, cx)),
+        blocksize=shape.cog_blocksize, resampling=shape.cog_resampling, computed_dtype=inputs.dtype, stored=stored,
+        band_names=tuple(name for name, _ in shape.bands), compression=codec, predictor="auto",
+        files=_cog_files(shape, inputs))
+
+
 def client_peak_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
     """The client process: its baseline; with COG output also the finished blocks in flight (``write.cog``: 2 per
-    thread of the cluster, each all bands of one chunk) and its GDAL cache while it writes and builds overviews,
-    capped by the output's size."""
+    thread of the cluster, each all bands of one chunk) and then either, when the workers compress the tiles
+    (:func:`cog_tile_layout`), the small overview levels it keeps per file, GDAL's cache while it makes the header
+    and the last levels' halving; or its GDAL cache while GDAL's COG driver copies each file, capped by the output's
+    size, and that copy's row buffers."""
     if shape.output_format != "cog":
         return CLIENT_BASELINE_BYTES
     w = dtype_itemsize(inputs.dtype)
     cy, cx = inputs.chunk_yx
     n_bands = len(shape.bands)
-    n_files = 1
-    if shape.reduce_method:
-        n_files = max(1, shape.n_quantiles if shape.reduce_method == "quantile" else 1)
-        if shape.has_period:
-            n_files *= math.ceil(inputs.dates / max(1, inputs.group_dates or inputs.dates))
-    else:
-        n_files = inputs.dates
+    n_files = _cog_files(shape, inputs)
     units = n_files * inputs.n_spatial_chunks
     inflight = min(units, max(2, COG_INFLIGHT_PER_THREAD * inputs.n_workers * inputs.threads_per_worker))
+    streaming = inflight * n_bands * cy * cx * w
+    layout = cog_tile_layout(shape, inputs)
+    if layout is not None:
+        from rasterflow.write.cogassembly import TEMPLATE_CACHEMAX
+        from rasterflow.write.cogtiles import client_levels_bytes
+
+        levels = client_levels_bytes(layout, w)
+        return (CLIENT_BASELINE_BYTES + COG_WRITER_BYTES + streaming + (n_files + ASSEMBLY_LEVEL_COPIES) * levels
+                + TEMPLATE_CACHEMAX)
     output = n_files * n_bands * inputs.grid_shape[0] * inputs.grid_shape[1] * w
     # first the blocks stream in, then (the blocks gone) each file is copied into a COG: the larger of the two
-    streaming = inflight * n_bands * cy * cx * w
     return (CLIENT_BASELINE_BYTES + COG_WRITER_BYTES + max(streaming, cog_copy_bytes(shape, inputs))
             + min(inputs.client_cachemax, output))
 

@@ -45,6 +45,8 @@ from rasterio.windows import Window
 
 from rasterflow.errors import RunFailedError
 from rasterflow.layers import stack_blocks
+from rasterflow.write import cogtiles
+from rasterflow.write.cogassembly import Assembly, check_template, make_template
 from rasterflow.write.common import (
     Encoding,
     WriteResult,
@@ -84,6 +86,11 @@ def _stream_name(final: str, token: str) -> str:
     # unique per run (token): an overlapping run can never touch this run's temp files
     directory, name = os.path.split(final)
     return os.path.join(directory, f".{name}.rasterflow-stream-{token}.tif")
+
+
+def _scratch_name(final: str, token: str, what: str) -> str:
+    directory, name = os.path.split(final)
+    return os.path.join(directory, f".{name}.rasterflow-{what}-{token}")
 
 
 def _partial_name(final: str, token: str) -> str:
@@ -142,9 +149,10 @@ def _cube(ds: xr.Dataset, names: list[str], nlead: int) -> da.Array:
     return cube.rechunk({**{axis: 1 for axis in range(nlead)}, nlead: len(names)})
 
 
-def _stream_blocks(cube: da.Array, nlead: int, client: Any, write: Callable[[tuple, int, int, np.ndarray], None],
-                   progress: Callable[[int, int], None] | None = None) -> int:
+def _stream_blocks(cube: da.Array, nlead: int, client: Any, write: Callable[[tuple, int, int, Any], None],
+                   progress: Callable[[int, int], None] | None = None, results: da.Array | None = None) -> int:
     """Compute every block of ``cube`` and hand it to ``write(lead_index, i, j, block)``; returns blocks written.
+    With ``results`` (an array of ``cube``'s blocks, e.g. :func:`_tile_tasks`) its blocks are what is handed over.
 
     Bounded (:func:`rasterflow.write.submit.run_units`): at most ``COG_INFLIGHT_PER_THREAD`` blocks per worker thread
     in flight, each batch's graph made from its own blocks only, each block fetched, written and released as it
@@ -157,7 +165,8 @@ def _stream_blocks(cube: da.Array, nlead: int, client: Any, write: Callable[[tup
     unit_bytes = cube.dtype.itemsize * cube.shape[nlead] * max(cube.chunks[-2]) * max(cube.chunks[-1])
     max_inflight = submit.in_flight_cap(client, COG_INFLIGHT_PER_THREAD)
     group = max(1, min(max_inflight, BATCH_BYTES // max(1, unit_bytes)))
-    name = cube.name
+    collection = cube if results is None else results
+    name = collection.name
 
     def units() -> Iterator[list]:
         # one unit: entries of the leading dims of one spatial block (they share the block's read-and-reduce task)
@@ -167,10 +176,75 @@ def _stream_blocks(cube: da.Array, nlead: int, client: Any, write: Callable[[tup
                     yield [(name, *lead, 0, i, j) for lead in lead_indices[start:start + group]]
 
     def on_result(key: tuple, block: Any) -> None:
-        write(tuple(key[1:1 + nlead]), key[-2], key[-1], np.asarray(block))
+        write(tuple(key[1:1 + nlead]), key[-2], key[-1], np.asarray(block) if results is None else block)
 
-    return submit.run_units(units(), submit.BlockGraph([cube]), total=len(lead_indices) * ny * nx,
+    return submit.run_units(units(), submit.BlockGraph([collection]), total=len(lead_indices) * ny * nx,
                             client=client, max_in_flight=max_inflight, on_result=on_result, progress=progress)
+
+
+def _tile_tasks(cube: da.Array, layout: cogtiles.TileLayout) -> da.Array:
+    """An array of ``cube``'s blocks made into COG tiles (:func:`rasterflow.write.cogtiles.block_tiles`): one lazy
+    layer, each task taking its block of ``cube``."""
+    import dask
+    from dask.highlevelgraph import HighLevelGraph
+
+    from rasterflow.layers import TaskLayer
+
+    name = "rasterflow-cogtiles-" + dask.base.tokenize(cube.name, layout)
+
+    def make(block: tuple[int, ...]) -> tuple:
+        return (cogtiles.block_tiles, (cube.name, *block), block[-2], block[-1], layout)
+
+    dependencies: list[Any] = [cube]
+    graph = HighLevelGraph.from_collections(name, TaskLayer(name, cube.numblocks, make), dependencies=dependencies)
+    return da.Array(graph, name, cube.chunks, meta=np.empty((0,) * cube.ndim, dtype=object))
+
+
+def _assemble(cube: da.Array, nlead: int, client: Any, layout: cogtiles.TileLayout,
+              progress: Callable[[int, int], None] | None, datasets: list[Any], stream_files: list[str],
+              template_files: list[str], spool_files: list[str], partial_files: list[str],
+              assemblies: list[Assembly], index_of: Mapping[tuple, int], cog_options: Mapping[str, Any]) -> int:
+    """The worker-compressed COG (:mod:`rasterflow.write.cogtiles`): while the blocks are computed, GDAL makes each
+    file's header from its sparse stream file in a thread of this process and the arriving tiles are spooled; then
+    each file is written (header, tiles) at its partial path. Returns the blocks computed."""
+    import threading
+
+    while datasets:
+        datasets.pop().close()
+    options = {key: value for key, value in cog_options.items() if key != "NUM_THREADS"}
+    failures: list[BaseException] = []
+
+    def templates() -> None:
+        try:
+            for stream, template in zip(stream_files, template_files):
+                make_template(stream, template, options)
+                remove(stream)
+        except BaseException as exc:  # raised in the caller's thread below
+            failures.append(exc)
+
+    thread = threading.Thread(target=templates, name="rasterflow-cog-template", daemon=True)
+    thread.start()
+    try:
+        for spool in spool_files:
+            assemblies.append(Assembly(layout, spool, cube.dtype))
+
+        def write(lead_index: tuple, i: int, j: int, result: Any) -> None:
+            assemblies[index_of[tuple(lead_index)]].add(result)
+
+        written = _stream_blocks(cube, nlead, client, write, progress, results=_tile_tasks(cube, layout))
+    finally:
+        thread.join()
+    if failures:
+        raise failures[0]
+    for assembly, template, partial in zip(assemblies, template_files, partial_files):
+        with open(template, "rb") as f:
+            header = f.read()
+        check_template(header, layout)
+        assembly.write(header, partial)
+        assembly.close()
+        remove(assembly.spool_path)
+        remove(template)
+    return written
 
 
 def _tag_text(value: Any) -> str:
@@ -303,8 +377,21 @@ def write_cog(
         # overviews on every core of this machine instead of one (10980² x 36 season: see benchmarks/README.md)
         NUM_THREADS=str(copy_threads()),
     )
+    if codec == "zstd":
+        cog_options["ZSTD_LEVEL"] = str(cogtiles.ZSTD_LEVEL)  # the workers' level (cogtiles), the Zarr writer's
     if codec != "none" and predictor != "none":
         cog_options["PREDICTOR"] = _PREDICTORS[predictor]
+    layout = None
+    if cogtiles.assembly_enabled():
+        layout = cogtiles.fast_layout(
+            height=height, width=width, chunks=(cube.chunks[-2], cube.chunks[-1]), blocksize=blocksize,
+            resampling=resampling, computed_dtype=cube.dtype, stored=stored, band_names=tuple(names),
+            compression=codec, predictor=predictor, files=len(paths))
+    if layout is not None:
+        profile["sparse_ok"] = True  # the stream file only carries the tags into GDAL's template: no tile is written
+    template_files = [_scratch_name(p, token, "template") + ".tif" for p in locals_]
+    spool_files = [_scratch_name(p, token, "tiles") for p in locals_]
+    assemblies: list[Assembly] = []
     common_tags = {str(k): _tag_text(v) for k, v in (metadata or {}).items()}
 
     datasets: list[Any] = []
@@ -326,23 +413,27 @@ def write_cog(
                 dst.update_tags(**{**common_tags, **extra, "rasterflow_bands": ",".join(names),
                                    **{str(d): _label_text(v) for d, v in labels.items()}})
 
-            def write(lead_index: tuple, i: int, j: int, block: np.ndarray) -> None:
-                dst = datasets[index_of[tuple(lead_index)]]
-                block = block.reshape(block.shape[-3:])
-                if needs_encoding:
-                    block = np.stack([encode_block(block[k], stored, names[k]) for k in range(len(names))])
-                window = Window(int(col_offsets[j]), int(row_offsets[i]), block.shape[-1], block.shape[-2])
-                dst.write(block, window=window)
+            if layout is not None:
+                written = _assemble(cube, len(lead), client, layout, progress, datasets, stream_files,
+                                    template_files, spool_files, partial_files, assemblies, index_of, cog_options)
+            else:
+                def write(lead_index: tuple, i: int, j: int, block: np.ndarray) -> None:
+                    dst = datasets[index_of[tuple(lead_index)]]
+                    block = block.reshape(block.shape[-3:])
+                    if needs_encoding:
+                        block = np.stack([encode_block(block[k], stored, names[k]) for k in range(len(names))])
+                    window = Window(int(col_offsets[j]), int(row_offsets[i]), block.shape[-1], block.shape[-2])
+                    dst.write(block, window=window)
 
-            written = _stream_blocks(cube, len(lead), client, write, progress)
-            while datasets:
-                datasets.pop().close()
-            # NUM_THREADS parallelizes the tiles' compression; GDAL_NUM_THREADS also the overviews' computation, which
-            # is otherwise one thread (same bytes, ~1 s of 10.5 faster on the season's 10980² output)
-            with rasterio.Env(GDAL_NUM_THREADS=cog_options["NUM_THREADS"]):
-                for stream, partial in zip(stream_files, partial_files):
-                    rasterio.shutil.copy(stream, partial, driver="COG", **cog_options)
-                    remove(stream)
+                written = _stream_blocks(cube, len(lead), client, write, progress)
+                while datasets:
+                    datasets.pop().close()
+                # NUM_THREADS parallelizes the tiles' compression; GDAL_NUM_THREADS also the overviews' computation,
+                # which is otherwise one thread (same bytes, ~1 s of 10.5 faster on the season's 10980² output)
+                with rasterio.Env(GDAL_NUM_THREADS=cog_options["NUM_THREADS"]):
+                    for stream, partial in zip(stream_files, partial_files):
+                        rasterio.shutil.copy(stream, partial, driver="COG", **cog_options)
+                        remove(stream)
         for partial, local, final in zip(partial_files, locals_, paths):
             if remote:
                 # one PUT (multipart when large), then size and checksum compared with the local file
@@ -356,7 +447,9 @@ def write_cog(
                 dst.close()
             except Exception:  # pragma: no cover - best effort
                 pass
-        for f in stream_files + partial_files:
+        for assembly in assemblies:
+            assembly.close()
+        for f in stream_files + partial_files + template_files + spool_files:
             try:
                 remove(f)
             except OSError:  # pragma: no cover - best effort

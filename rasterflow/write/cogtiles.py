@@ -1,0 +1,277 @@
+"""COG tiles compressed where the blocks are computed, assembled behind GDAL's own header (issue 13, the season's
+COG row).
+
+GDAL's COG driver makes a COG only from a finished raster: after the last block, one process reads it all back,
+computes the overviews and compresses every tile again (~11 s of the 10980² x 36 season's 43 s, on both cores,
+while the workers sit idle). Here instead:
+
+1. each worker task compresses the TIFF tiles of its own block (:func:`block_tiles`), and of every overview level
+   its block covers in whole tiles, as the block is computed; the smaller overview levels travel to the client as
+   small arrays (a 1024² chunk sends a 256² piece at level 2);
+2. the client (``write.cog``) appends the tiles' bytes to a spool file as they arrive, fills the small levels, and
+   at the end compresses those (a few tens of MB for a 10980² tile);
+3. the file is GDAL's own COG header, the IFDs of a *sparse* COG that GDAL's COG driver made with the same
+   options, georeferencing and tags (no tile written), with the tiles' offsets and sizes filled in
+   (``tifffile``'s ``TiffTag.overwrite``), followed by the tiles, smallest overview first, each with the block
+   leader and trailer the header's ghost area announces (``BLOCK_LEADER=SIZE_AS_UINT4``,
+   ``BLOCK_TRAILER=LAST_4_BYTES_REPEATED``), so GDAL reports ``LAYOUT=COG`` and COG validators accept it.
+
+Overviews are the ``average`` resampling, level by level: each pixel the mean of the valid (non-NaN) pixels of its
+2 x 2 block of the level above, NaN where none is valid. Level sizes are GDAL's, each half the one above, rounded
+down (10980 -> 5490 -> 2745 -> 1372 -> ...): an odd level's last row or column is left out of the next.
+
+This module imports NumPy and the codecs only: it runs in worker processes (see ``rasterflow.tasks``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from rasterflow.write.common import Encoding, encode_block
+
+__all__ = ["TileLayout", "fast_layout", "block_tiles", "halve", "level_shapes", "encode_tile", "tile_order", "stored_values",
+           "TIFF_COMPRESSION", "assembly_enabled", "client_levels_bytes", "ZSTD_LEVEL", "DEFLATE_LEVEL", "CLIENT_LEVELS_MAX_BYTES"]
+
+#: TIFF Compression tag values of ``output.compression`` (GDAL writes deflate as Adobe's 8).
+TIFF_COMPRESSION = {"zstd": 50000, "deflate": 8, "lzw": 5, "none": 1}
+#: The ZSTD level of COG tiles: the Zarr writer's (``write.zarr``); GDAL's own default is 9, which costs ~3.5 s more
+#: on the 10980² season's file for 2% less size (benchmarks/README.md, "What is left").
+ZSTD_LEVEL = 3
+#: GDAL's default ZLEVEL.
+DEFLATE_LEVEL = 6
+#: The most the client holds of the overview levels it compresses itself, over all files of one write: more, and
+#: the writer uses GDAL's COG driver instead (one file at a time).
+CLIENT_LEVELS_MAX_BYTES = 512 * 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class TileLayout:
+    """Where a block's tiles go, and how they are encoded: everything a worker task needs."""
+
+    height: int
+    width: int
+    chunk: tuple[int, int]
+    """The regular chunk edges (rows, columns); the last chunk of each axis may be shorter."""
+    blocksize: int
+    levels: tuple[tuple[int, int], ...]
+    """(rows, columns) of level 0 (full resolution) and of each overview level."""
+    worker_levels: int
+    """Levels ``0 .. worker_levels - 1`` are compressed by the worker tasks; the next one is sent as a piece."""
+    bands: int
+    stored: Encoding
+    """The resolved encoding (dtype, scale, offset, nodata) of the stored tiles."""
+    band_names: tuple[str, ...]
+    compression: int
+    predictor: int
+    contig: bool
+    """Pixel-interleaved tiles (``PlanarConfiguration`` 1) when there are several bands; else one tile per band."""
+
+    @property
+    def client_level(self) -> int | None:
+        """The first level the client compresses (None: the workers compress every level)."""
+        return self.worker_levels if self.worker_levels < len(self.levels) else None
+
+    def tiles_across(self, level: int) -> tuple[int, int]:
+        rows, cols = self.levels[level]
+        return math.ceil(rows / self.blocksize), math.ceil(cols / self.blocksize)
+
+    def tile_count(self, level: int) -> int:
+        """Entries of the level's TileOffsets: tiles, times the bands when they are planes of their own."""
+        ty, tx = self.tiles_across(level)
+        return ty * tx * (1 if self.contig else self.bands)
+
+
+def assembly_enabled() -> bool:
+    """Whether writes whose layout allows it compress their tiles on the workers (``RASTERFLOW_COG_WRITER=gdal``:
+    GDAL's COG driver copies every finished file instead, for comparisons)."""
+    import os
+
+    return os.environ.get("RASTERFLOW_COG_WRITER", "").lower() != "gdal"
+
+
+def level_shapes(height: int, width: int, blocksize: int) -> tuple[tuple[int, int], ...]:
+    """Level 0 and GDAL's COG overview levels (``OVERVIEWS=AUTO``): halved, rounded down, until both edges fit
+    one tile."""
+    shapes = [(height, width)]
+    while max(shapes[-1]) > blocksize:
+        rows, cols = shapes[-1]
+        if rows < 2 or cols < 2:
+            break
+        shapes.append((rows // 2, cols // 2))
+    return tuple(shapes)
+
+
+def predictor_code(predictor: str, compression: str, stored_dtype: str) -> int:
+    """The TIFF Predictor GDAL writes for ``output.cog.predictor`` (auto: 3 for floats, 2 for integers; 1 without
+    compression)."""
+    if compression == "none" or predictor == "none":
+        return 1
+    if predictor == "standard":
+        return 2
+    if predictor == "floating_point":
+        return 3
+    return 3 if np.dtype(stored_dtype).kind == "f" else 2
+
+
+def fast_layout(*, height: int, width: int, chunks: tuple[tuple[int, ...], tuple[int, ...]], blocksize: int,
+                resampling: str, computed_dtype: Any, stored: Encoding, band_names: tuple[str, ...],
+                compression: str, predictor: str, files: int = 1) -> TileLayout | None:
+    """The layout of the worker-compressed COG, or None when this write needs GDAL's COG driver instead.
+
+    The tiles can be made block by block when the overviews are ``average`` over float results, every chunk but the
+    last of each axis covers whole tiles, the chunk edges stay even down to the smallest overview (so each chunk's
+    overview pixels are the whole image's), and the small levels the client keeps fit
+    :data:`CLIENT_LEVELS_MAX_BYTES` for ``files`` files.
+    """
+    if resampling.lower() != "average" or np.dtype(computed_dtype).kind != "f" or compression not in TIFF_COMPRESSION:
+        return None
+    levels = level_shapes(height, width, blocksize)
+    steps = len(levels) - 1
+    edges = []
+    for axis_chunks in chunks:
+        edge = int(axis_chunks[0])
+        if any(int(c) != edge for c in axis_chunks[:-1]) or int(axis_chunks[-1]) > edge:
+            return None
+        single = len(axis_chunks) == 1
+        if not single and (edge % blocksize or edge % (2 ** steps)):
+            return None
+        edges.append((edge, single))
+    worker_levels = 0
+    for level in range(len(levels)):
+        if all(single or (edge >> level) % blocksize == 0 for edge, single in edges):
+            worker_levels = level + 1
+        else:
+            break
+    itemsize = np.dtype(computed_dtype).itemsize
+    client_bytes = sum(rows * cols for rows, cols in levels[worker_levels:]) * len(band_names) * itemsize
+    if client_bytes * files > CLIENT_LEVELS_MAX_BYTES:
+        return None
+    many = len(band_names) > 1
+    return TileLayout(
+        height=height, width=width, chunk=(edges[0][0], edges[1][0]), blocksize=blocksize, levels=levels,
+        worker_levels=worker_levels, bands=len(band_names), stored=stored, band_names=band_names,
+        compression=TIFF_COMPRESSION[compression], predictor=predictor_code(predictor, compression, stored.dtype or
+                                                                             np.dtype(computed_dtype).name),
+        contig=many,
+    )
+
+
+def client_levels_bytes(layout: TileLayout, itemsize: int) -> int:
+    """What the client holds per file for the levels it compresses."""
+    return sum(r * c for r, c in layout.levels[layout.worker_levels:]) * layout.bands * itemsize
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the pixels
+
+
+def halve(values: np.ndarray) -> np.ndarray:
+    """The next overview level of ``(bands, rows, cols)`` physical values: each pixel the mean of the non-NaN pixels
+    of its 2 x 2 block (NaN if none), an odd last row or column left out."""
+    bands, rows, cols = values.shape
+    rows2, cols2 = rows // 2, cols // 2
+    quads = values[:, :rows2 * 2, :cols2 * 2].reshape(bands, rows2, 2, cols2, 2)
+    valid = ~np.isnan(quads)
+    total = np.where(valid, quads, 0).sum(axis=(2, 4), dtype=np.float64)
+    count = valid.sum(axis=(2, 4))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = total / count
+    return mean.astype(values.dtype, copy=False)
+
+
+def stored_values(values: np.ndarray, layout: TileLayout) -> np.ndarray:
+    """``(bands, rows, cols)`` physical values -> the stored dtype (scale, offset, nodata applied)."""
+    stored = layout.stored
+    dtype = np.dtype(stored.dtype)
+    plain = not stored.is_scaled and (stored.nodata is None or np.isnan(stored.nodata)) and dtype == values.dtype
+    if plain:
+        return values
+    return np.stack([encode_block(values[k], stored, layout.band_names[k]) for k in range(values.shape[0])])
+
+
+def _fill(layout: TileLayout) -> Any:
+    nodata = layout.stored.nodata
+    return 0 if nodata is None else nodata
+
+
+def encode_tile(tile: np.ndarray, layout: TileLayout) -> bytes:
+    """One stored tile (``(rows, cols)`` or ``(rows, cols, bands)``, at most a tile's size) -> its TIFF bytes:
+    padded to the full tile with the nodata value, the predictor applied, compressed."""
+    from tifffile import TIFF
+
+    size = layout.blocksize
+    if tile.shape[0] != size or tile.shape[1] != size:
+        pad = [(0, size - tile.shape[0]), (0, size - tile.shape[1])] + [(0, 0)] * (tile.ndim - 2)
+        tile = np.pad(tile, pad, mode="constant", constant_values=_fill(layout))
+    tile = np.ascontiguousarray(tile)
+    if layout.predictor != 1:
+        tile = TIFF.PREDICTORS[layout.predictor](tile, axis=1)
+    if layout.compression == 1:
+        return tile.tobytes()
+    encoder = TIFF.COMPRESSORS[layout.compression]
+    if layout.compression == TIFF_COMPRESSION["zstd"]:
+        return bytes(encoder(tile, level=ZSTD_LEVEL))
+    if layout.compression == TIFF_COMPRESSION["deflate"]:
+        return bytes(encoder(tile, level=DEFLATE_LEVEL))
+    return bytes(encoder(tile))
+
+
+def level_tiles(stored: np.ndarray, level: int, row0: int, col0: int,
+                layout: TileLayout) -> Iterator[tuple[int, int, bytes]]:
+    """The tiles of ``stored`` (``(bands, rows, cols)`` of one level, its top left at ``(row0, col0)``, which are
+    multiples of the tile size) -> ``(level, entry, bytes)``, ``entry`` the index in the level's TileOffsets."""
+    size = layout.blocksize
+    tiles_y, tiles_x = layout.tiles_across(level)
+    per_plane = tiles_y * tiles_x
+    bands, rows, cols = stored.shape
+    for top in range(0, rows, size):
+        for left in range(0, cols, size):
+            ti, tj = (row0 + top) // size, (col0 + left) // size
+            window = stored[:, top:top + size, left:left + size]
+            if layout.contig:
+                yield level, ti * tiles_x + tj, encode_tile(np.moveaxis(window, 0, -1), layout)
+            else:
+                for band in range(bands):
+                    yield level, band * per_plane + ti * tiles_x + tj, encode_tile(window[band], layout)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockTiles:
+    """What one block's task sends to the client."""
+
+    tiles: list[tuple[int, int, bytes]]
+    """``(level, entry, bytes)`` of every tile the block covers at the worker levels."""
+    piece: np.ndarray | None
+    """The block's physical values at the layout's client level (None when the workers do every level)."""
+    piece_at: tuple[int, int]
+    """Top left of ``piece`` in its level."""
+
+
+def block_tiles(block: Any, i: int, j: int, layout: TileLayout) -> BlockTiles:
+    """The task: the finished block ``(i, j)`` (``(..., bands, rows, cols)``, physical values) -> its COG tiles and
+    its piece of the client's level."""
+    values = np.asarray(block)
+    values = values.reshape(values.shape[-3:])
+    tiles: list[tuple[int, int, bytes]] = []
+    row0, col0 = i * layout.chunk[0], j * layout.chunk[1]
+    for level in range(layout.worker_levels):
+        tiles.extend(level_tiles(stored_values(values, layout), level, row0 >> level, col0 >> level, layout))
+        if level + 1 < len(layout.levels):
+            values = halve(values)
+    client = layout.client_level
+    if client is None:
+        return BlockTiles(tiles, None, (0, 0))
+    return BlockTiles(tiles, np.ascontiguousarray(values), (row0 >> client, col0 >> client))
+
+
+def tile_order(layout: TileLayout) -> Iterator[tuple[int, int]]:
+    """``(level, entry)`` of every tile in the order of the file: the smallest overview first, full resolution last
+    (what COG readers and validators expect), each level's TileOffsets order within."""
+    for level in range(len(layout.levels) - 1, -1, -1):
+        for entry in range(layout.tile_count(level)):
+            yield level, entry
