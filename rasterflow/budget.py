@@ -217,7 +217,10 @@ edges: each block is decoded exactly once, so the cache only fills (measured, 40
 tiles per thread and open file fit in this."""
 
 COG_INFLIGHT_PER_THREAD = 2
-"""``write.cog``: at most 2 × threads finished blocks are in flight to the client at once."""
+"""``write.cog``: at most 2 × threads finished blocks are in flight to the client at once (GDAL's copy)."""
+
+TILES_INFLIGHT_PER_THREAD = 4
+"""``write.cog``: 4 × threads blocks' compressed tiles when the workers make them (``cog_tile_layout``)."""
 
 LOAD_COPIES = 1
 """Copies of one item's loaded planes alive in a task: the read output itself; the kernel takes it without a copy."""
@@ -1029,9 +1032,10 @@ def client_peak_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
     n_bands = len(shape.bands)
     n_files = _cog_files(shape, inputs)
     units = n_files * inputs.n_spatial_chunks
-    inflight = min(units, max(2, COG_INFLIGHT_PER_THREAD * inputs.n_workers * inputs.threads_per_worker))
-    streaming = inflight * n_bands * cy * cx * w
     layout = cog_tile_layout(shape, inputs)
+    per_thread = COG_INFLIGHT_PER_THREAD if layout is None else TILES_INFLIGHT_PER_THREAD
+    inflight = min(units, max(2, per_thread * inputs.n_workers * inputs.threads_per_worker))
+    streaming = inflight * n_bands * cy * cx * w  # compressed tiles are no larger than the block
     if layout is not None:
         from rasterflow.write.cogassembly import TEMPLATE_CACHEMAX
         from rasterflow.write.cogtiles import client_levels_bytes

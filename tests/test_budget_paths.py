@@ -222,12 +222,27 @@ def test_deep_series_are_reduced_in_sub_blocks_that_keep_the_task_flat():
     assert budget.estimate(_shape(None), _inputs(n_time=36)).sub_block == (0, 0)
 
 
-def test_cog_client_is_budgeted_and_checked_against_the_machine():
+def test_cog_client_is_budgeted_and_checked_against_the_machine(monkeypatch):
+    from rasterflow.write.cogassembly import TEMPLATE_CACHEMAX
+
     shape = _shape("median", fmt="cog")
     inputs = _inputs(machine_memory=16 * GB, n_workers=2, memory_limit=7 * GB, threads_per_worker=2)
     report = budget.estimate(shape, inputs)
-    # 4 chunks, at most 2 × 4 threads in flight -> 4 blocks of 1024² float32, then the COG copy of the 2048-px wide
-    # file on one core (more than the blocks); the 16.8 MB output fits the cache
+    # the workers compress the tiles (chunks of 1024 cover whole 512² tiles): 4 chunks in flight, the client keeps
+    # the 512² overview level (1 MB) and two working copies of it while it makes the smaller ones, GDAL's cache
+    # while it makes the header
+    layout = budget.cog_tile_layout(shape, inputs)
+    assert layout is not None and layout.client_level == 2 and layout.levels[2] == (512, 512)
+    level = 512 * 512 * 4
+    assert report.client_peak == (budget.CLIENT_BASELINE_BYTES + budget.COG_WRITER_BYTES + 4 * ONE
+                                  + (1 + budget.ASSEMBLY_LEVEL_COPIES) * level + TEMPLATE_CACHEMAX)
+    assert report.ok
+    # GDAL's copy instead (RASTERFLOW_COG_WRITER=gdal): 4 chunks, at most 2 × 4 threads in flight -> 4 blocks of
+    # 1024² float32, then the COG copy of the 2048-px wide file on one core (more than the blocks); the 16.8 MB
+    # output fits the cache
+    monkeypatch.setenv("RASTERFLOW_COG_WRITER", "gdal")
+    assert budget.cog_tile_layout(shape, inputs) is None
+    report = budget.estimate(shape, inputs)
     copy = 2048 * 4 * budget.COG_COPY_ROWS
     assert copy > 4 * ONE
     assert report.client_peak == budget.CLIENT_BASELINE_BYTES + budget.COG_WRITER_BYTES + copy + 4 * PX * 4
@@ -501,11 +516,24 @@ def test_a_failed_run_keeps_its_memory_samples(sample, tmp_path):
     assert any(s["worker"] == "client" for s in report["memory_samples"])
 
 
-def test_the_cog_client_counts_the_copy_that_follows_the_blocks():
-    """After the last block the client copies each file into a COG with overviews; GDAL holds ~COG_COPY_ROWS rows
+def test_the_cog_client_of_worker_tiles_is_what_the_season_measured():
+    """When the workers compress the tiles the season's COG client holds its baseline, the tiles in flight and the
+    small overview levels: measured 375-386 MB in four runs of the 10980² x 36 season (2026-12-05)."""
+    shape = _shape(fmt="cog")
+    season = _inputs(grid_shape=(10980, 10980), n_time=36, n_workers=2, gdal_cachemax=16 * MB,
+                     writer_cachemax=256 * MB, client_cores=2)
+    assert budget.cog_tile_layout(shape, season) is not None
+    predicted = budget.client_peak_bytes(shape, season)
+    assert 386 * MB <= predicted <= 1.3 * 375 * MB
+
+
+def test_the_cog_client_counts_the_copy_that_follows_the_blocks(monkeypatch):
+    """With GDAL's COG driver (other layouts; here forced with RASTERFLOW_COG_WRITER=gdal), after the last block
+    the client copies each file into a COG with overviews; GDAL holds ~COG_COPY_ROWS rows
     of the file's width besides its cache (more per copy thread). The 10980² x 36 season's COG client measured
     757 MB with 2 copy threads and a 256 MB writer cache (benchmarks/README.md, 2026-12-04): the model must not be
     below it, nor far above; the same job at 2048² stays as before (blocks in flight outweigh a narrow copy)."""
+    monkeypatch.setenv("RASTERFLOW_COG_WRITER", "gdal")
     shape = _shape(fmt="cog")
     season = _inputs(grid_shape=(10980, 10980), n_time=36, n_workers=2, gdal_cachemax=16 * MB,
                      writer_cachemax=256 * MB, client_cores=2)

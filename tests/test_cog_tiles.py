@@ -22,7 +22,7 @@ from rio_cogeo.cogeo import cog_validate
 
 from rasterflow.errors import RunFailedError
 from rasterflow.write import cog as cog_module
-from rasterflow.write import cogtiles, write_cog
+from rasterflow.write import cogtiles, stac, write_cog
 from rasterflow.write.common import Encoding
 
 CRS = "EPSG:32633"
@@ -127,7 +127,8 @@ def test_worker_tiles_make_the_cog_gdal_makes(tmp_path, monkeypatch, assembled, 
                                               encoding, compression):
     ds, values = _dataset(shape, chunk, names)
     fast, slow = str(tmp_path / "fast" / "out.tif"), str(tmp_path / "gdal" / "out.tif")
-    write_cog(ds, fast, blocksize=blocksize, compression=compression, encoding=encoding, metadata={"run": "x"})
+    result = write_cog(ds, fast, blocksize=blocksize, compression=compression, encoding=encoding,
+                       metadata={"run": "x"})
     assert len(assembled) == 1, "the worker-compressed path was not taken"
     monkeypatch.setenv("RASTERFLOW_COG_WRITER", "gdal")
     write_cog(ds, slow, blocksize=blocksize, compression=compression, encoding=encoding, metadata={"run": "x"})
@@ -151,6 +152,16 @@ def test_worker_tiles_make_the_cog_gdal_makes(tmp_path, monkeypatch, assembled, 
             assert np.array_equal(got.mask, np.isnan(expected))
             np.testing.assert_allclose(physical.filled(np.nan), expected, atol=stored.scale / 2 + 1e-7)
         levels = len(src.overviews(1))
+        # the STAC statistics the workers computed tile by tile: the same numbers as reading the file back, and
+        # NumPy's of the stored values
+        from_tiles = stac._tile_statistics(result.statistics[fast], len(names))
+        assert from_tiles == stac._cog_statistics(fast)
+        for band, stat in enumerate(from_tiles, start=1):
+            valid = src.read(band, masked=True).compressed().astype(np.float64)
+            assert stat["minimum"] == valid.min() and stat["maximum"] == valid.max()
+            assert stat["mean"] == pytest.approx(valid.mean(), rel=1e-12)
+            assert stat["stddev"] == pytest.approx(valid.std(), rel=1e-9)
+            assert stat["valid_percent"] == pytest.approx(100 * valid.size / (shape[0] * shape[1]))
     assert levels >= 1 or max(shape) <= blocksize
     for band, name in enumerate(names, start=1):
         reference = _reference_levels(values[name], levels)

@@ -73,6 +73,8 @@ class Assembly:
         self.spool = open(spool, "w+b")
         self.where: dict[tuple[int, int], tuple[int, int]] = {}
         self.size = 0
+        self.statistics: dict[tuple[int, ...], Any] = {}
+        """``(band, tile row, tile column)`` -> the full-resolution tile's statistics (``BlockTiles.stats``)."""
         level = layout.client_level
         self.small: np.ndarray | None = None
         if level is not None:
@@ -87,6 +89,7 @@ class Assembly:
     def add(self, result: BlockTiles) -> None:
         for level, entry, data in result.tiles:
             self._spool(level, entry, data)
+        self.statistics.update(result.stats)
         if result.piece is not None and self.small is not None:
             top, left = result.piece_at
             rows, cols = result.piece.shape[-2:]

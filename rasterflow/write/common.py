@@ -66,8 +66,10 @@ class WriteResult:
     """Per path: its ``file:checksum`` (SHA2-256 multihash) when the writer already knows it (an uploaded COG,
     checked against the object), so the STAC item need not download the file again."""
     statistics: Mapping[str, Mapping[tuple[int, ...], Any]] = dataclasses.field(default_factory=dict)
-    """A Zarr store's per-chunk statistics (:class:`rasterflow.write.stac.BlockStats` by array name and chunk
-    index) as the tasks that wrote the chunks computed them; chunks not written by this run are read back."""
+    """Statistics (:class:`rasterflow.write.stac.BlockStats`) as the write tasks computed them: a Zarr store's by
+    array name and chunk index (chunks not written by this run are read back); a COG's by file path and ``(band,
+    tile row, tile column)`` of its full-resolution tiles, when the workers made the tiles
+    (:mod:`rasterflow.write.cogtiles`; otherwise the file is read back)."""
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -384,6 +384,19 @@ def _cog_statistics(path: str) -> list[dict[str, float]]:
     return [s.as_stac() for s in stats]
 
 
+def _tile_statistics(known: Mapping[tuple[int, ...], BlockStats], bands: int) -> list[dict[str, float]]:
+    """A COG's statistics from its full-resolution tiles' (``(band, tile row, tile column)`` -> BlockStats, what
+    the workers computed), added per band in row-major tile order: the order :func:`_cog_statistics` reads the
+    file in, so the sums are the same."""
+    out = []
+    for band in range(bands):
+        acc = BlockStats()
+        for key in sorted(k for k in known if k[0] == band):
+            acc.add(known[key])
+        out.append(acc.as_stac())
+    return out
+
+
 ChunkStatistics = Mapping[tuple[int, ...], "BlockStats"]
 """The statistics of Zarr chunks, by chunk index (what a write task returns: :func:`chunk_statistics`)."""
 
@@ -585,7 +598,11 @@ def _output_item(context: StacContext, fmt: str, path: str, labels: Mapping[str,
     geometry, bbox = _footprint(grid.crs, where.bounds)
     collection_path, _items_path = stac_paths(context.output_path)
     now = _rfc3339(dt.datetime.now(dt.timezone.utc))
-    stats = _cog_statistics(path) if fmt == "cog" else _zarr_statistics(path, names, statistics)
+    if fmt == "cog":
+        known = (statistics or {}).get(path)
+        stats = _tile_statistics(known, len(names)) if known else _cog_statistics(path)
+    else:
+        stats = _zarr_statistics(path, names, statistics)
     bands = []
     for name, stat in zip(names, stats):
         band: dict[str, Any] = {"name": name, "nodata": _nodata_value(encoding.nodata),
