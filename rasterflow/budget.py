@@ -153,13 +153,14 @@ stdlib's), the tree path's partials and combines too. Measured 2026-12-05: the f
 budget_accuracy.py dropped by 60-70 MB when their tasks left the heavy modules, the tree rows did not until theirs
 did."""
 
-ONE_PROCESS_EXTRA_BYTES = 70 * 10**6
+ONE_PROCESS_EXTRA_BYTES = 40 * 10**6
 """What a run in one process (``cluster.processes: false``) holds beside a worker's baseline and the libraries of
 :data:`DASK_ARRAY_WORKER_BYTES`: the client, the scheduler and the writers live in the same interpreter as the tasks.
-Measured by ``rasterflow run`` on the benchmark samples (masked NDVI median, 1024² chunks, 2 threads, 2026-12-04):
-484 MB (2048² x 8 dates, Zarr), 485-487 MB (4096² x 8, Zarr), 500 MB (4096² x 8, COG), 610 MB (4096² x 36, COG)
-against 416 / 416 / 416 / 560 MB predicted with the worker baseline alone (+50 to +84 MB); with it, measured /
-predicted 0.97-0.99 in a re-run. On tiny chunks (tests/test_lean_local.py, 96²) it over-predicts: 0.74."""
+Measured by ``rasterflow run`` from rasterflow's own install on the benchmark samples (masked NDVI median, 1024²
+chunks, 2 threads, sub-blocks of :data:`ONE_PROCESS_STRIP_TARGET_BYTES`, 2026-12-05): 227 / 228 / 231 MB at 2048²
+/ 4096² / 8192² x 8 dates (Zarr), 244 MB at 4096² x 8 (COG), 247 MB at 4096² x 36 (Zarr), against 295 / 295 / 295 /
+295 / 311 MB predicted with 70 MB here (the value of 2026-12-04, before the lean workers and the one-process
+sub-blocks): measured / predicted 0.77-0.83. With 40 MB: 0.86-0.93."""
 
 
 def baseline_bytes(inputs: BudgetInputs) -> int:
@@ -229,6 +230,12 @@ STRIP_TARGET_BYTES = 64 * 2**20
 """The working set above which a fused task reduces its chunk in sub-blocks (:func:`sub_block`): about what a
 1024² chunk of 8 dates holds, so that a season or a year at the same chunks needs no more memory per task than a
 short series (issue 13: "memory must not grow with the job"). ``plan`` prints the sub-block."""
+
+ONE_PROCESS_STRIP_TARGET_BYTES = 8 * 2**20
+""":data:`STRIP_TARGET_BYTES` of a run in one process (``cluster.processes: false``, the small-job mode): there the
+client's libraries (~170 MB: NumPy, rasterio, ``dask.array`` with xarray and pandas, distributed) share the process
+with the tasks, so smaller sub-blocks keep the whole run near a streaming tool's footprint (issue 13, step 0:
+GDAL's 0.22 GB). Measured with compare_peers.py at 4096² x 8 dates, 2 threads: see benchmarks/README.md."""
 
 MIN_STRIP_ROWS = 16
 """Strips are never lower than this (per-strip overhead: one window read per item and asset)."""
@@ -692,12 +699,18 @@ def task_shapes(shape: PipelineShape, inputs: BudgetInputs) -> tuple[TaskShape, 
     return tuple(sorted(out, key=lambda t: (t.pixels * t.items, t.pixels), reverse=True))
 
 
+def strip_target(inputs: BudgetInputs) -> int:
+    """The per-task working set above which a fused task reduces its chunk in sub-blocks: :data:`STRIP_TARGET_BYTES`,
+    or :data:`ONE_PROCESS_STRIP_TARGET_BYTES` when the run is one process."""
+    return ONE_PROCESS_STRIP_TARGET_BYTES if inputs.one_process else STRIP_TARGET_BYTES
+
+
 def sub_block(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape | None = None) -> tuple[int, int]:
     """``(rows, cols)`` of the sub-blocks the fused task reduces its chunk in (``tasks.chunk_reduce``); ``(0, 0)``
     = the whole chunk at once.
 
     A fused task holds its pixels' whole series, so its working set grows with the dates. Above
-    :data:`STRIP_TARGET_BYTES` the chunk is reduced in sub-blocks whose working set, apart from the chunk's result
+    :func:`strip_target` the chunk is reduced in sub-blocks whose working set, apart from the chunk's result
     they fill, fits it: when the source tiles
     are known, the widest block of whole tiles (whole columns of tiles of the chunk first) that fits with at least
     one tile's height, so that no tile is decoded for two sub-blocks; when not even one tile fits, strips of one
@@ -708,7 +721,7 @@ def sub_block(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape | None
     if code_path(shape, inputs) != "fused":
         return (0, 0)
     task = task or task_shapes(shape, inputs)[0]
-    if _block_peak(shape, inputs, task, (task.rows, task.cols)) <= STRIP_TARGET_BYTES:
+    if _block_peak(shape, inputs, task, (task.rows, task.cols)) <= strip_target(inputs):
         return (0, 0)
     tile_y, tile_x = inputs.source_tile or (0, 0)
     widths = [task.cols]
@@ -730,12 +743,12 @@ def sub_block(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape | None
 
 def _fitting_rows(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, cols: int) -> int:
     """The most rows of a ``cols``-wide sub-block whose working set, apart from the whole chunk's result, fits
-    :data:`STRIP_TARGET_BYTES` (at least :data:`MIN_STRIP_ROWS`): the working set is affine in the rows."""
+    :func:`strip_target` (at least :data:`MIN_STRIP_ROWS`): the working set is affine in the rows."""
     result = _n_groups(shape, inputs) * max(1, shape.n_quantiles) * len(shape.bands) * task.pixels \
         * dtype_itemsize(inputs.dtype)
     at_one = _block_peak(shape, inputs, task, (1, cols)) - result
     per_row = max(1, _block_peak(shape, inputs, task, (2, cols)) - result - at_one)
-    return int(max(MIN_STRIP_ROWS, min(task.rows, (STRIP_TARGET_BYTES - (at_one - per_row)) // per_row)))
+    return int(max(MIN_STRIP_ROWS, min(task.rows, (strip_target(inputs) - (at_one - per_row)) // per_row)))
 
 
 def _block_peak(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, block: tuple[int, int]) -> int:

@@ -378,7 +378,7 @@ def _plan_text(specs: tuple[str, ...], fix: bool, variables: dict[str, str], sel
 
 
 def _print_plan(loaded: Any, plan: Any) -> None:
-    from rasterflow.budget import ALIGNED_GDAL_CACHEMAX, STRIP_TARGET_BYTES
+    from rasterflow.budget import ALIGNED_GDAL_CACHEMAX, strip_target
     from rasterflow.run import assets_applied
     from rasterflow.units import format_bytes
 
@@ -397,7 +397,7 @@ def _print_plan(loaded: Any, plan: Any) -> None:
     if report.sub_block != (0, 0):
         rows, cols = report.sub_block
         echo(f"  sub-blocks       {rows} x {cols} px: each task reduces its chunk one sub-block at a time (a whole "
-             f"chunk's series would be over the {format_bytes(STRIP_TARGET_BYTES)} per-task target)")
+             f"chunk's series would be over the {format_bytes(strip_target(inputs))} per-task target)")
     for index, (name, asset) in enumerate(assets_applied(plan).items()):
         label = "assets" if index == 0 else ""
         key = f" ({asset['key']})" if asset["key"] != name else ""

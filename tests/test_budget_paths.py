@@ -196,6 +196,23 @@ def test_periods_count_the_largest_period_subset():
     assert stages["reduce quantile"] == int(held + 0.5 * 3 * one + 3 * one + 6 * 3 * one)
 
 
+def test_one_process_runs_reduce_in_smaller_sub_blocks():
+    """``processes: false`` shares its process with the client's libraries: its fused tasks reduce in sub-blocks of
+    ONE_PROCESS_STRIP_TARGET_BYTES (8 MiB) where worker processes reduce a 1024² x 8 chunk whole."""
+    shape = _shape("median")
+    procs = _inputs(n_time=8, source_tile=(512, 512), threads_per_worker=2)
+    one = dataclasses.replace(procs, one_process=True)
+    assert budget.strip_target(procs) == budget.STRIP_TARGET_BYTES
+    assert budget.strip_target(one) == budget.ONE_PROCESS_STRIP_TARGET_BYTES < budget.STRIP_TARGET_BYTES
+    assert budget.sub_block(shape, procs) == (0, 0)
+    rows, cols = budget.sub_block(shape, one)
+    assert cols == 512 and 16 <= rows < 512  # strips of one source tile's width: no tile fits the target whole
+    report = budget.estimate(shape, one)
+    assert report.sub_block == (rows, cols)
+    assert report.peak_task_bytes <= budget.ONE_PROCESS_STRIP_TARGET_BYTES + ONE
+    assert report.peak_task_bytes < budget.estimate(shape, procs).peak_task_bytes / 3
+
+
 def test_deep_series_are_reduced_in_sub_blocks_that_keep_the_task_flat():
     # 1024² chunks over 512² source tiles: 8 dates fit whole; deeper series in blocks of whole tiles, then strips
     # of one tile's width, every task under budget.STRIP_TARGET_BYTES (64 MiB) + the chunk's result (1 plane)
