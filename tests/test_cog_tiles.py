@@ -130,6 +130,7 @@ def test_worker_tiles_make_the_cog_gdal_makes(tmp_path, monkeypatch, assembled, 
     result = write_cog(ds, fast, blocksize=blocksize, compression=compression, encoding=encoding,
                        metadata={"run": "x"})
     assert len(assembled) == 1, "the worker-compressed path was not taken"
+    assert result.checksums[fast] == stac.file_checksum(fast)  # hashed as written
     monkeypatch.setenv("RASTERFLOW_COG_WRITER", "gdal")
     write_cog(ds, slow, blocksize=blocksize, compression=compression, encoding=encoding, metadata={"run": "x"})
     assert len(assembled) == 1

@@ -246,7 +246,8 @@ def _assemble(cube: da.Array, nlead: int, client: Any, layout: cogtiles.TileLayo
         with open(template, "rb") as f:
             header = f.read()
         check_template(header, layout)
-        assembly.write(header, partial)
+        _size, checksum = assembly.write(header, partial)
+        assembly.checksum = checksum
         assembly.close()
         remove(assembly.spool_path)
         remove(template)
@@ -447,6 +448,9 @@ def write_cog(
                 remove(partial)
             else:
                 publish(partial, local, replace=overwrite)  # never replaces what appeared meanwhile unless asked
+        for final, assembly in zip(paths, assemblies):
+            if not remote and assembly.checksum:
+                checksums[final] = assembly.checksum  # of the bytes written: the STAC Item need not read them again
     except BaseException as exc:
         for dst in datasets:
             try:

@@ -73,6 +73,8 @@ class Assembly:
         self.spool = open(spool, "w+b")
         self.where: dict[tuple[int, int], tuple[int, int]] = {}
         self.size = 0
+        self.checksum: str | None = None
+        """The written file's ``file:checksum`` (set by the writer after :meth:`write`)."""
         self.statistics: dict[tuple[int, ...], Any] = {}
         """``(band, tile row, tile column)`` -> the full-resolution tile's statistics (``BlockTiles.stats``)."""
         level = layout.client_level
@@ -111,10 +113,15 @@ class Assembly:
     def close(self) -> None:
         self.spool.close()
 
-    def write(self, template: bytes, path: str) -> int:
+    def write(self, template: bytes, path: str) -> tuple[int, str]:
         """Write the COG at ``path``: ``template`` (GDAL's sparse COG of the same options) with the tiles' offsets
         and sizes, then the tiles, smallest overview first, each behind its 4-byte size and followed by its last 4
-        bytes (the ghost area's ``BLOCK_LEADER`` and ``BLOCK_TRAILER``). Returns the file's size."""
+        bytes (the ghost area's ``BLOCK_LEADER`` and ``BLOCK_TRAILER``). Returns the file's size and its
+        ``file:checksum`` (SHA2-256 multihash of the bytes written, hashed in a second thread as they are written:
+        the STAC Item need not read the file again)."""
+        import concurrent.futures
+        import hashlib
+
         from tifffile import TiffFile
 
         self.finish_levels()
@@ -144,17 +151,23 @@ class Assembly:
         if len(header) != len(template):
             raise RuntimeError("the COG header moved while its tile offsets were written")
         spool = self.spool.fileno()
-        with open(path, "wb") as out:
-            out.write(header)
+        digest = hashlib.sha256()
+        # one thread: the updates run in the order they are submitted; hashlib lets the GIL go for large buffers
+        with concurrent.futures.ThreadPoolExecutor(1) as hasher, open(path, "wb") as out:
+            def put(data: bytes) -> None:
+                out.write(data)
+                hasher.submit(digest.update, data)
+
+            put(header)
             for level, entry in order:
                 offset, size = self.where[(level, entry)]
                 data = os.pread(spool, size, offset)
                 if len(data) != size:
                     raise RuntimeError(f"the tile spool {self.spool_path} is short at byte {offset}")
-                out.write(struct.pack("<I", size))
-                out.write(data)
-                out.write(data[-4:])
+                put(struct.pack("<I", size))
+                put(data)
+                put(data[-4:])
             written = out.tell()
         if written != position:
             raise RuntimeError(f"wrote {written} bytes of a COG laid out as {position}")
-        return written
+        return written, "1220" + digest.hexdigest()
