@@ -34,13 +34,16 @@ import numpy as np
 
 from rasterflow.write.common import Encoding, encode_block
 
-__all__ = ["TileLayout", "fast_layout", "block_tiles", "halve", "level_shapes", "encode_tile", "tile_order", "stored_values", "tile_statistics",
-           "TIFF_COMPRESSION", "assembly_enabled", "client_levels_bytes", "ZSTD_LEVEL", "DEFLATE_LEVEL", "CLIENT_LEVELS_MAX_BYTES"]
+__all__ = [
+    "TileLayout", "BlockTiles", "fast_layout", "assembly_enabled", "level_shapes", "predictor_code",
+    "client_levels_bytes", "halve", "stored_values", "encode_tile", "level_tiles", "block_tiles", "tile_statistics",
+    "tile_order", "TIFF_COMPRESSION", "ZSTD_LEVEL", "DEFLATE_LEVEL", "CLIENT_LEVELS_MAX_BYTES",
+]
 
 #: TIFF Compression tag values of ``output.compression`` (GDAL writes deflate as Adobe's 8).
 TIFF_COMPRESSION = {"zstd": 50000, "deflate": 8, "lzw": 5, "none": 1}
-#: The ZSTD level of COG tiles: the Zarr writer's (``write.zarr``); GDAL's own default is 9, which costs ~3.5 s more
-#: on the 10980² season's file for 2% less size (benchmarks/README.md, "What is left").
+#: The ZSTD level of COG tiles: the Zarr writer's (``write.zarr``); GDAL's own default is 9, which cost ~3.5 s more
+#: on the 10980² season's file for 2% less size (GDAL's copy, benchmarks/README.md, "What is left").
 ZSTD_LEVEL = 3
 #: GDAL's default ZLEVEL.
 DEFLATE_LEVEL = 6
