@@ -119,6 +119,7 @@ CASES = [
                  id="scaled-int16-deflate"),
     pytest.param((520, 600), 128, 128, ("ndvi",), None, "lzw", id="lzw-odd-levels"),
     pytest.param((300, 260), 1024, 128, ("ndvi",), None, "none", id="one-chunk-uncompressed"),
+    pytest.param((300, 2600), 1024, 512, ("ndvi", "evi"), None, "zstd", id="one-chunk-high-many-wide"),
 ]
 
 

@@ -29,7 +29,7 @@ CLIENT_ONLY = ("dask.array", "xarray", "pandas", "rioxarray", "pyproj")
 def _probe():
     """A function that tells which of the client's libraries a worker process has imported. Nested, so that
     cloudpickle sends it by value: by reference, the worker would import this test module, and xarray with it."""
-    names = CLIENT_ONLY + ("rasterflow.tasks", "numpy")
+    names = CLIENT_ONLY + ("rasterflow.tasks", "numpy", "rasterflow.write.cogtiles")
 
     def imported() -> dict[str, bool]:
         import sys as worker_sys
@@ -41,7 +41,8 @@ def _probe():
 
 @pytest.mark.parametrize("output,reduce", [
     ("lean.zarr", "{method: median}"),  # the fused task and the Zarr region writer
-    ("lean.tif", "{method: median}"),  # the fused task, blocks gathered by the client
+    ("lean.tif", "{method: median}"),  # the fused task, blocks gathered by the client (GDAL's copy: 64² chunks)
+    ("tiles.tif, cog: {blocksize: 64}", "{method: median}"),  # the COG tiles made by the worker (write.cogtiles)
     ("lean.zarr", "{method: quantile, q: [0.25, 0.75]}"),  # a band and quantile selected out of the fused block
     ("lean.zarr", None),  # the series path: every date, no reduction
     ("lean.zarr", "{method: mean}"),  # with time in chunks of 3 (below): the tree path's partials and combines
@@ -54,7 +55,8 @@ def test_a_worker_that_ran_the_job_has_not_imported_dask_array_or_xarray(sample,
         before = next(iter(client.run(_probe()).values()))
         assert not any(before[name] for name in CLIENT_ONLY), before  # a fresh worker: nothing to blame on the test
         spec = tmp_path / "lean.yaml"
-        spec.write_text(spec_text(sample, reduce=reduce, output=f"out/{output}",
+        name, _, options = output.partition(",")
+        spec.write_text(spec_text(sample, reduce=reduce, output=f"out/{name}{',' + options if options else ''}",
                                   chunks=f"{{time: {3 if reduce == '{method: mean}' else -1}, y: 64, x: 64}}",
                                   cluster=f"{{address: '{cluster.scheduler_address}'}}"))
         proc = subprocess.Popen([sys.executable, "-m", "rasterflow", "run", str(spec)], stdout=subprocess.PIPE,
@@ -64,11 +66,12 @@ def test_a_worker_that_ran_the_job_has_not_imported_dask_array_or_xarray(sample,
         after = next(iter(client.run(_probe()).values()))
     assert after["rasterflow.tasks"] and after["numpy"], after  # the job's tasks did run in this worker
     assert not any(after[name] for name in CLIENT_ONLY), after
+    assert after["rasterflow.write.cogtiles"] == ("cog:" in output), after
 
     import json
 
-    out = tmp_path / "out" / output
-    ids = json.loads((tmp_path / "out" / f"{output}.report.json").read_text())["item_ids"]
+    out = tmp_path / "out" / name
+    ids = json.loads((tmp_path / "out" / f"{name}.report.json").read_text())["item_ids"]
     series = masked_ndvi(load_items(sample, ids))
     if reduce is None:
         expected = series
