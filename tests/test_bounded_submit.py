@@ -8,6 +8,7 @@ the writers' progress callback. Values are compared with a NumPy reference.
 from __future__ import annotations
 
 import os
+import time
 
 import dask.array as da
 import numpy as np
@@ -397,3 +398,40 @@ def test_sharded_zarr_holds_at_most_two_shards_of_chunks(tmp_path, client):
     assert sorted(_calls(calls)) == sorted(np.ndindex(8, 8))
     print(f"source chunks in memory at most {held} (shards of 2 x 2 chunks, {SHARDS_IN_FLIGHT} in flight)")
     assert 4 <= held <= SHARDS_IN_FLIGHT * 2 * 2
+
+
+def _exit_now() -> None:
+    os._exit(1)
+
+
+def _plus_one(x: int) -> int:
+    return x + 1
+
+
+def test_a_finished_block_whose_worker_dies_is_computed_again_not_an_error():
+    """The race of a worker killed mid-run (seen in CI, tests/test_external_cluster.py): ``as_completed`` gave a
+    block back as finished, its worker died before the writer read its status (now ``lost``), and the run stopped
+    with "block ... ended as finished" although Dask computed it again. ``settled`` waits for that value."""
+    from rasterflow.write.submit import settled
+
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as cluster, \
+            distributed.Client(cluster, set_as_default=False) as own:
+        future = own.submit(_plus_one, 41, pure=False)
+        assert future.result() == 42
+        holder = own.who_has([future])[future.key]
+        with pytest.raises(Exception):  # the worker dies before it answers
+            own.run(_exit_now, workers=list(holder))
+        deadline = time.monotonic() + 30
+        while future.status == "finished" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert future.status != "finished", "the worker's death did not reach the client"
+        assert settled(future, "block", wanted=True) == 42
+        assert future.status == "finished"
+        # and when nothing is wanted of it, a finished block is not fetched
+        assert settled(future, "block", wanted=False) is None
+
+        cancelled = own.submit(time.sleep, 30, pure=False)
+        own.cancel([cancelled])
+        with pytest.raises(RuntimeError, match="cancelled from outside"):
+            settled(cancelled, "block")

@@ -30,7 +30,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["BlockGraph", "run_units", "in_flight_cap", "default_client", "cluster_threads", "IN_FLIGHT_PER_THREAD"]
+__all__ = ["BlockGraph", "run_units", "in_flight_cap", "default_client", "cluster_threads", "settled", "IN_FLIGHT_PER_THREAD"]
 
 #: Default cap on blocks in flight, per worker thread of the cluster: enough that no thread waits for the next
 #: submission (a batch is submitted when half the cap has finished), small enough that the scheduler holds O(threads).
@@ -322,11 +322,9 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], dict], client
                 finished.append(next(completed))
             for future in finished:
                 key = in_flight.pop(future)
-                if future.status != "finished":
-                    future.result()  # raises the task's exception (the finally below cancels the rest)
-                    raise RuntimeError(f"block {key!r} ended as {future.status}")  # cancelled from outside
+                value = settled(future, key, wanted=on_result is not None)  # raises a failed block's error
                 if on_result is not None:
-                    on_result(key, future.result())
+                    on_result(key, value)
                 future.release()  # the scheduler forgets the block's tasks
                 count(key)
             if feed.blocks(in_flight.values()) <= cap // 2:
@@ -335,6 +333,23 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], dict], client
         if in_flight:
             client.cancel(list(in_flight))
             in_flight.clear()
+
+
+def settled(future: Any, key: Key, wanted: bool = True) -> Any:
+    """The value of a future that ``as_completed`` gave back (None when not ``wanted`` and it finished).
+
+    Its status is read later than it was given back: a worker that dies after finishing the block loses its
+    result (status ``lost``) and the scheduler computes it again elsewhere; ``result()`` waits for that. A block
+    that failed raises its task's exception, one cancelled from outside (another client, a scheduler restart) a
+    ``RuntimeError``.
+    """
+    if future.status == "finished" and not wanted:
+        return None
+    try:
+        return future.result()
+    except concurrent.futures.CancelledError as error:
+        raise RuntimeError(f"block {key!r} was cancelled from outside this run (another client or a scheduler "
+                           "restart); rerunning the same job resumes from the blocks already written") from error
 
 
 def _run_local(feed: _Feed, build: Callable[[Sequence[Key]], dict], cap: int,
