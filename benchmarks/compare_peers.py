@@ -121,9 +121,11 @@ def report(results: dict[int, dict]) -> str:
     ratio_rows = []
     for size, summary in results.items():
         peers = {k: v for k, v in _variants(summary).items() if k not in RASTERFLOW_VARIANTS}
+        if not peers:  # rasterflow's variants alone (--variants): nothing to hold them against
+            continue
         fastest = min(peers, key=lambda k: peers[k]["wall"])
         leanest = min(peers, key=lambda k: peers[k]["peak_rss"])
-        for name in RASTERFLOW_VARIANTS:
+        for name in (name for name in RASTERFLOW_VARIANTS if name in summary):
             rf = summary[name]
             for peer, p in peers.items():
                 ratio_rows.append([f"{size}²", f"{name} / {peer}", f"{rf['wall'] / p['wall']:.2f}",
