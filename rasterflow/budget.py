@@ -153,14 +153,15 @@ stdlib's), the tree path's partials and combines too. Measured 2026-12-05: the f
 budget_accuracy.py dropped by 60-70 MB when their tasks left the heavy modules, the tree rows did not until theirs
 did."""
 
-ONE_PROCESS_EXTRA_BYTES = 40 * 10**6
+ONE_PROCESS_EXTRA_BYTES = 20 * 10**6
 """What a run in one process (``cluster.processes: false``) holds beside a worker's baseline and the libraries of
 :data:`DASK_ARRAY_WORKER_BYTES`: the client, the scheduler and the writers live in the same interpreter as the tasks.
-Measured by ``rasterflow run`` from rasterflow's own install on the benchmark samples (masked NDVI median, 1024²
-chunks, 2 threads, sub-blocks of :data:`ONE_PROCESS_STRIP_TARGET_BYTES`, 2026-12-05): 227 / 228 / 231 MB at 2048²
-/ 4096² / 8192² x 8 dates (Zarr), 244 MB at 4096² x 8 (COG), 247 MB at 4096² x 36 (Zarr), against 295 / 295 / 295 /
-295 / 311 MB predicted with 70 MB here (the value of 2026-12-04, before the lean workers and the one-process
-sub-blocks): measured / predicted 0.77-0.83. With 40 MB: 0.86-0.93."""
+Measured by ``rasterflow run`` from rasterflow's own install on the 4096² x 8 benchmark sample (masked NDVI median,
+1024² chunks, 2 threads, sub-blocks of :data:`ONE_PROCESS_STRIP_TARGET_BYTES`, 2026-12-05), after the grid mapping
+stopped loading rioxarray and pyproj before the compute (``rasterflow.georef``): 223-224 MB (Zarr) and 240 MB (COG),
+from 242-246 MB (Zarr) the same morning; 245 MB predicted with 20 MB here: measured / predicted 0.91 and 0.98.
+Earlier (40 MB, 2026-12-05, before that change): 227 / 228 / 231 MB at 2048² / 4096² / 8192² x 8 dates (Zarr), 244
+MB at 4096² x 8 (COG), 247 MB at 4096² x 36 (Zarr), 0.86-0.93 of the prediction."""
 
 
 def baseline_bytes(inputs: BudgetInputs) -> int:

@@ -161,8 +161,7 @@ def _select(source: da.Array, band_name: str, leads: dict[tuple[int, ...], tuple
 
 def build_dataset(plan: JobPlan) -> xr.Dataset:
     """The lazy result: one variable per band, dims ``([period,] [quantile,] y, x)`` or ``(time, y, x)``."""
-    import rioxarray  # noqa: F401  (registers the .rio accessor)
-    from affine import Affine
+    from rasterflow.georef import write_georef
 
     program = plan.program
     if program is None or plan.sources is None:
@@ -207,8 +206,7 @@ def build_dataset(plan: JobPlan) -> xr.Dataset:
     for name in program.band_names:
         dataset[name].attrs["long_name"] = name
         dataset[name].attrs["rasterflow_expression"] = expressions.get(name, "")
-    dataset = dataset.rio.write_crs(plan.grid.crs).rio.write_transform(Affine(*plan.grid.transform))
-    return dataset
+    return write_georef(dataset, plan.grid.crs, plan.grid.transform)
 
 
 def _reduced_band(fused: da.Array, band: int, name: str, keep_period: bool, keep_quantile: bool):

@@ -344,15 +344,14 @@ def write_tiles(dataset: Any, layout: TileLayout, todo: Sequence[Tile], kept: Se
     progress : callable, optional
         ``progress(done, total)`` over all tiles' blocks (kept tiles count as done).
     """
-    from affine import Affine
-
+    from rasterflow.georef import with_transform
     from rasterflow.write.stac import TileGeometry, cog_file_metadata, item_path, stac_paths, write_tile_items
 
     if todo:  # its presence says the output is complete: not while tiles are rewritten
         remove(stac_paths(layout.output_path)[1])
 
-    windows = {tile.name: dataset.isel(y=slice(*tile.rows), x=slice(*tile.cols)).rio.write_transform(
-        Affine(*tile.transform)) for tile in list(todo) + list(kept)}
+    windows = {tile.name: with_transform(dataset.isel(y=slice(*tile.rows), x=slice(*tile.cols)), tile.transform)
+               for tile in list(todo) + list(kept)}
     sizes = {name: _blocks(ds, layout.fmt) for name, ds in windows.items()}
     total = sum(sizes.values())
     skipped = sum(sizes[t.name] for t in kept)

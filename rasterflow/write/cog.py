@@ -43,11 +43,11 @@ import dask.array as da
 import numpy as np
 import rasterio
 import rasterio.shutil
-import rioxarray  # noqa: F401  (registers the .rio accessor)
 import xarray as xr
 from rasterio.windows import Window
 
 from rasterflow.errors import RunFailedError
+from rasterflow.georef import crs_of, transform_of
 from rasterflow.layers import stack_blocks
 from rasterflow.write import cogtiles
 from rasterflow.write.cogassembly import Assembly, check_template, make_template
@@ -335,10 +335,11 @@ def write_cog(
     spatial_dims(ds)  # validates: same dims everywhere, (..., y, x)
     lead = leading_dims(ds)
     names = [str(n) for n in ds.data_vars]
-    crs = ds.rio.crs
+    crs = crs_of(ds)
     if crs is None:
-        raise ValueError("the dataset has no CRS; write one with ds.rio.write_crs(...)")
-    transform = ds.rio.transform()
+        raise ValueError("the dataset has no CRS; write one with rasterflow.georef.write_georef or "
+                         "ds.rio.write_crs(...)")
+    transform = transform_of(ds)
     if predictor not in _PREDICTORS:
         raise ValueError(f"unknown predictor {predictor!r}; expected one of {', '.join(_PREDICTORS)}")
     cube = _cube(ds, names, len(lead))

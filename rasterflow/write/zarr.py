@@ -140,12 +140,9 @@ def _regular(chunks: tuple[int, ...]) -> bool:
 
 def _crs_attr(ds: xr.Dataset) -> dict | None:
     """GDAL's ``_CRS`` array attribute (``{"wkt": ...}``), or None when the dataset has no CRS."""
-    try:
-        import rioxarray  # noqa: F401  (registers the .rio accessor)
+    from rasterflow.georef import crs_of
 
-        crs = ds.rio.crs
-    except Exception:  # no rioxarray or no CRS: the CF grid_mapping (if any) still carries it
-        return None
+    crs = crs_of(ds)
     return None if crs is None else {"wkt": crs.to_wkt()}
 
 
@@ -281,15 +278,29 @@ def _done_markers(markers: str, names: list[str]) -> dict[str, set[tuple[int, ..
 
 
 def _finish(store: str, zarr_format: ZarrFormat) -> None:
-    """Mark complete, drop the markers, consolidate. Idempotent."""
+    """Complete the grid mapping's CF parameters, mark complete, drop the markers, consolidate. Idempotent."""
     import zarr
 
     group = zarr.open_group(store, mode="r+", use_consolidated=False)
+    _complete_grid_mapping(group)
     group.attrs.update({COMPLETE_ATTR: True})
     remove(_join(store, MARKER_DIR.split("/")[0]))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
         zarr.consolidate_metadata(store, zarr_format=zarr_format)
+
+
+def _complete_grid_mapping(group: Any) -> None:
+    """Add the CF grid-mapping parameters to the store's grid mapping (``rasterflow.georef``: the graph writes its
+    WKT and GeoTransform, pyproj is loaded only now, after the compute)."""
+    from rasterflow.georef import GRID_MAPPING, cf_grid_mapping, needs_cf
+
+    if GRID_MAPPING not in group:
+        return
+    mapping = group[GRID_MAPPING]
+    attrs = dict(mapping.attrs)
+    if needs_cf(attrs):
+        mapping.attrs.update({**cf_grid_mapping(str(attrs["crs_wkt"])), **attrs})
 
 
 #: Root metadata objects of a Zarr group (v2: group marker and attributes; v3: both in ``zarr.json``).
