@@ -34,7 +34,6 @@ Nothing here is needed for correctness; off glibc (macOS, musl) :func:`release_f
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 from typing import Any
 
@@ -52,7 +51,9 @@ environment or the Dask config's ``distributed.nanny.pre-spawn-environ``) wins."
 @functools.lru_cache(maxsize=1)
 def _glibc() -> Any:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        # the C library the process already has (dlopen(NULL)): ``ctypes.util.find_library`` would run
+        # ``ldconfig -p`` in a child process of every worker and of a one-process run
+        libc = ctypes.CDLL(None)
         libc.malloc_trim  # noqa: B018  (absent off glibc)
     except (OSError, AttributeError):
         return None

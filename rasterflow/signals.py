@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 from types import FrameType
 from typing import Any
@@ -42,6 +43,7 @@ class Interrupts:
         self.received: int | None = None
         self.deferring = False
         self._saved: dict[int, Any] = {}
+        self._saved_hook: Any = None
 
     # ---- handlers -----------------------------------------------------------------------------------------------
 
@@ -54,18 +56,33 @@ class Interrupts:
         raise RunInterrupted(signum)
 
     def install(self) -> Interrupts:
-        """Install the handlers (main thread only; elsewhere this is a no-op, as Python allows nothing else)."""
+        """Install the handlers (main thread only; elsewhere this is a no-op, as Python allows nothing else), and
+        an unraisable hook that keeps quiet about the handler's exception when Python swallows it (raised inside a
+        finalizer or a garbage-collector callback, e.g. distributed's GC diagnosis): :meth:`check` raises it again
+        where the run sees it, and the user's terminal gets the run's own line, not a traceback."""
         if threading.current_thread() is not threading.main_thread():
             return self
         for sig in HANDLED_SIGNALS:
             self._saved[sig] = signal.signal(sig, self._handler)
+        self._saved_hook = sys.unraisablehook
+        previous = self._saved_hook
+
+        def quiet_about_interrupts(unraisable: Any) -> None:
+            if isinstance(unraisable.exc_value, RunInterrupted):
+                return
+            previous(unraisable)
+
+        sys.unraisablehook = quiet_about_interrupts
         return self
 
     def restore(self) -> None:
-        """Put back the handlers that were there before :meth:`install`."""
+        """Put back the handlers and the unraisable hook that were there before :meth:`install`."""
         for sig, previous in self._saved.items():
             signal.signal(sig, previous)
         self._saved.clear()
+        if self._saved_hook is not None:
+            sys.unraisablehook = self._saved_hook
+            self._saved_hook = None
 
     def __enter__(self) -> Interrupts:
         return self.install()
