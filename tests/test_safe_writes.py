@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -38,38 +39,63 @@ def _expected(sample) -> np.ndarray:
     return reduce_reference(masked_ndvi(load_items(sample)), "median")
 
 
+def _holds_the_lock(out: Path, pid: int) -> bool:
+    path = lock_path_for(str(out))
+    return path.exists() and f"{pid}" in path.read_text(errors="replace")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("suffix", ["zarr", "tif"])
 def test_overlapping_runs_one_writes_the_other_exits_75(sample, tmp_path, suffix):
+    """Two real runs of one spec, overlapping three ways: started at once (they race for the lock), the second
+    started while the first holds the lock (the first is held mid-run with SIGSTOP, so the overlap does not depend
+    on how fast a run is: with fixed delays this test broke when runs got faster), and the second started after
+    the first finished (it finds the output and, ``if_exists: error``, refuses it)."""
     spec = tmp_path / "spec.yaml"
-    # small chunks and one worker: a run lasts several seconds, long enough to overlap
     spec.write_text(spec_text(sample, reduce="{method: median}", output=f"out/r.{suffix}",
                               chunks="{time: -1, y: 16, x: 16}",
                               cluster="{n_workers: 1, threads_per_worker: 1, memory_limit: 1GB}"))
     out = tmp_path / "out" / f"r.{suffix}"
     expected = _expected(sample)
-    overlapped = 0
-    for delay in (0.0, 2.5, 5.0):
-        first = subprocess.Popen([*RASTERFLOW, "run", str(spec), "-q"], cwd=tmp_path, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)
-        time.sleep(delay)
-        first_running = first.poll() is None
-        second = subprocess.Popen([*RASTERFLOW, "run", str(spec), "-q"], cwd=tmp_path, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
-        outs = [finish(p, 180) for p in (first, second)]
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen([*RASTERFLOW, "run", str(spec), "-q"], cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    for overlap in ("at once", "mid-run", "after"):
+        first = start()
+        if overlap == "mid-run":
+            deadline = time.monotonic() + 60
+            while not _holds_the_lock(out, first.pid) and time.monotonic() < deadline:
+                assert first.poll() is None, first.communicate()
+                time.sleep(0.02)
+            assert _holds_the_lock(out, first.pid)
+            first.send_signal(signal.SIGSTOP)  # the first run, holding the lock, stands still mid-run
+            try:
+                second = start()
+                second_out = finish(second, 180)
+            finally:
+                first.send_signal(signal.SIGCONT)
+            outs = [finish(first, 180), second_out]
+        else:
+            if overlap == "after":
+                finish(first, 180)
+            second = start()
+            outs = [finish(p, 180) for p in (first, second)]
+        procs = (first, second)
         codes = sorted([first.returncode, second.returncode])
         winner, loser = (0, 1) if first.returncode == 0 else (1, 0)
-        procs = (first, second)
-        if first_running:
-            overlapped += 1
+        if overlap == "after":  # the first had finished: the second finds the output and refuses it
+            assert codes == [0, 2], (overlap, outs)
+        else:
             # exactly one wrote it; the other touched nothing and said who holds the lock
-            assert codes == [0, 75], (delay, outs)
+            assert codes == [0, 75], (overlap, outs)
+            if overlap == "mid-run":
+                assert second.returncode == 75, outs
             # the holder's pid, or, when both started at once and the loser looked between the holder's taking the
             # lock and writing its details into it, that (the same refusal, exit 75, nothing touched)
             said = outs[loser][1]
             assert f"pid {procs[winner].pid} on " in said or "has not written its details yet" in said, said
-        else:  # the first had finished: the second finds the output and, if_exists: error, refuses it
-            assert codes == [0, 2], (delay, outs)
         report = json.loads(Path(str(out) + ".report.json").read_text())
         assert report["status"] == "ok" and report["outputs"][0]["path"] == str(out)
         assert_same(_read(out), expected)  # whole and correct
@@ -79,12 +105,11 @@ def test_overlapping_runs_one_writes_the_other_exits_75(sample, tmp_path, suffix
         assert losers and all(json.loads(p.read_text())["status"] in ("locked", "invalid") for p in losers)
         for p in losers:
             p.unlink()
-        # start over for the next delay: remove the output and its report (the lock file stays, by design)
+        # start over for the next case: remove the output and its report (the lock file stays, by design)
         import shutil
 
         shutil.rmtree(out) if out.is_dir() else out.unlink()
         Path(str(out) + ".report.json").unlink()
-    assert overlapped >= 2
 
 
 def _invoke(*args: str):
