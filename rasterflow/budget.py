@@ -852,8 +852,14 @@ def held_between_tasks(shape: PipelineShape, inputs: BudgetInputs) -> int:
         return entries * len(shape.bands) * one if entries > 1 else 0
     # each thread's finished block waits while the thread runs its next task: its reduction or write is queued
     # behind the next band tasks (counting it for one thread only left the two-thread tree rows of
-    # budget_accuracy.py at 0.81-0.88 of their measured peak with either decoder, 2026-12-04)
-    held = len(shape.bands) * task.dates * one * concurrent_tasks(shape, inputs)
+    # budget_accuracy.py at 0.81-0.88 of their measured peak with either decoder, 2026-12-04). The running tasks are
+    # counted elsewhere as the largest; a held block is another task's, so the blocks are those of the tasks ranked
+    # after them: on a grid of equal chunks the same size, on a grid of a few uneven ones smaller (a 1400² grid of
+    # 1024² chunks on two threads was predicted 1.60x its measured peak counting the largest block twice more).
+    running = concurrent_tasks(shape, inputs)
+    itemsize = dtype_itemsize(inputs.dtype)
+    held = sum(len(shape.bands) * other.dates * other.pixels * itemsize
+               for other in _largest(shape, inputs, 2 * running)[running:])
     if path == "tree":
         # the partials of every time chunk; with periods a time chunk holds a partial per period it touches
         # (tasks.tree_partials; the period's dates are copied out of the block inside the task, counted there)
