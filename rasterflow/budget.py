@@ -1010,7 +1010,7 @@ def _cog_files(shape: PipelineShape, inputs: BudgetInputs) -> int:
 
 
 def _axis_chunks(size: int, chunk: int) -> tuple[int, ...]:
-    return (chunk,) * (size // chunk) + ((size % chunk,) if size % chunk else ())
+    return tuple(length for length, count in _sizes(size, chunk) for _ in range(count))
 
 
 def cog_tile_layout(shape: PipelineShape, inputs: BudgetInputs) -> Any:
@@ -1019,7 +1019,7 @@ def cog_tile_layout(shape: PipelineShape, inputs: BudgetInputs) -> Any:
     if shape.output_format != "cog":
         return None
     from rasterflow.write import cogtiles
-    from rasterflow.write.common import Encoding
+    from rasterflow.write.common import Encoding, compression_name
 
     if not cogtiles.assembly_enabled():
         return None
@@ -1031,7 +1031,7 @@ def cog_tile_layout(shape: PipelineShape, inputs: BudgetInputs) -> Any:
         stored = Encoding(dtype=shape.stored_dtype).resolved(inputs.dtype)
     except ValueError:
         return None
-    codec = "zstd" if shape.compression == "lz4" else shape.compression
+    codec = compression_name(shape.compression, "cog")  # the writer's own choice of codec
     return cogtiles.fast_layout(
         height=height, width=width, chunks=(_axis_chunks(height, cy), _axis_chunks(width, cx)),
         blocksize=shape.cog_blocksize, resampling=shape.cog_resampling, computed_dtype=inputs.dtype, stored=stored,
