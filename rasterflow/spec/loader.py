@@ -174,6 +174,11 @@ def load_spec_text(text: str, *, path: str | os.PathLike = "<spec>", sha256: str
         issues.sort(key=lambda i: (i.line or 0, i.column or 0))
         raise SpecError(issues) from None
     _check_output_placeholders(spec, loaded, shown)
+    from rasterflow.spec.gridcheck import grid_problems
+
+    grid_issues = [_issue(shown, loaded, loc, message) for loc, message in grid_problems(spec)]
+    if grid_issues:
+        raise SpecError(grid_issues)
     if spec.output.if_exists == "update" and not (spec.output.resolved_format == "cog" and spec.reduce is not None
                                                   and spec.reduce.period):
         raise SpecError(_issue(shown, loaded, ("output", "if_exists"),
