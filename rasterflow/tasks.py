@@ -10,7 +10,7 @@ the workers of a real run to this.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,8 @@ from rasterflow import kernels
 from rasterflow.allocator import release_free_memory
 from rasterflow.errors import RasterflowError
 from rasterflow.read import ReadJob, gdal_env, item_stream
+from rasterflow.read.policy import current_policy
+from rasterflow.read.prefetch import task_reads
 
 __all__ = ["chunk_reduce", "chunk_bands"]
 
@@ -52,29 +54,36 @@ def chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], pro
     is whole in its sub-block, so the result is the same, and the task holds one sub-block's series instead of the
     chunk's (memory does not grow with the dates)."""
     try:
-        with gdal_env():
+        with gdal_env(), task_reads(job.reads, job.grid, list(_sub_blocks(rows, cols, block)), current_policy()):
             return _chunk_reduce(job, rows, cols, program, view, block)
     finally:
         release_free_memory()  # what the task freed goes back now, not when the heap's top happens to be free
 
 
-def _chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], program: kernels.Program,
-                  view: kernels.TaskItems | None, block: tuple[int, int]) -> np.ndarray:
+def _sub_blocks(rows: tuple[int, int], cols: tuple[int, int],
+                block: tuple[int, int]) -> Iterator[tuple[tuple[int, int], tuple[int, int]]]:
+    """The windows a fused task reads, in its order: the chunk, or its sub-blocks down each column of them."""
     height, width = rows[1] - rows[0], cols[1] - cols[0]
     block_rows, block_cols = min(block[0] or height, height), min(block[1] or width, width)
-    if (block_rows, block_cols) == (height, width):
-        return kernels.reduce_block(item_stream(job, rows, cols), program, view)
-    out: np.ndarray | None = None
     for left in range(cols[0], cols[1], block_cols):
-        sub_cols = (left, min(left + block_cols, cols[1]))
         for top in range(rows[0], rows[1], block_rows):
-            sub_rows = (top, min(top + block_rows, rows[1]))
-            part = kernels.reduce_block(item_stream(job, sub_rows, sub_cols), program, view)
-            if out is None:
-                out = np.empty((*part.shape[:-2], height, width), dtype=part.dtype)
-            out[..., sub_rows[0] - rows[0]:sub_rows[1] - rows[0], sub_cols[0] - cols[0]:sub_cols[1] - cols[0]] = part
-            del part
-            release_free_memory()  # the sub-block's series and temporaries: the next one starts from a trimmed heap
+            yield (top, min(top + block_rows, rows[1])), (left, min(left + block_cols, cols[1]))
+
+
+def _chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], program: kernels.Program,
+                  view: kernels.TaskItems | None, block: tuple[int, int]) -> np.ndarray:
+    windows = list(_sub_blocks(rows, cols, block))
+    if len(windows) == 1:
+        return kernels.reduce_block(item_stream(job, rows, cols), program, view)
+    height, width = rows[1] - rows[0], cols[1] - cols[0]
+    out: np.ndarray | None = None
+    for sub_rows, sub_cols in windows:
+        part = kernels.reduce_block(item_stream(job, sub_rows, sub_cols), program, view)
+        if out is None:
+            out = np.empty((*part.shape[:-2], height, width), dtype=part.dtype)
+        out[..., sub_rows[0] - rows[0]:sub_rows[1] - rows[0], sub_cols[0] - cols[0]:sub_cols[1] - cols[0]] = part
+        del part
+        release_free_memory()  # the sub-block's series and temporaries: the next one starts from a trimmed heap
     assert out is not None
     return out
 
@@ -83,7 +92,7 @@ def _chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], pr
 def chunk_bands(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], program: kernels.Program,
                 view: kernels.TaskItems | None = None) -> np.ndarray:
     """Read a time slice of one chunk (the items of ``view``) and evaluate the bands -> ``(date, band, y, x)``."""
-    with gdal_env():
+    with gdal_env(), task_reads(job.reads, job.grid, [(rows, cols)], current_policy()):
         return kernels.band_block(item_stream(job, rows, cols), program, view)
 
 

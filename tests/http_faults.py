@@ -90,6 +90,7 @@ class FaultServer(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 512  # socketserver's default of 5 resets connections a concurrent reader opens at once
 
     def __init__(self, root: Path | None, upstream: str | None, faults: Sequence[Fault], latency: float):
         super().__init__(("127.0.0.1", 0), _Handler)

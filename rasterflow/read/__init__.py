@@ -28,6 +28,7 @@ import numpy as np
 
 from rasterflow.errors import SourceMismatchError, SourceReadError
 from rasterflow.kernels import ItemStream, Planes
+from rasterflow.read import prefetch
 from rasterflow.read.datasets import GDAL_OPEN_OPTIONS, failure_error, forget, open_source, reason, warped_source
 from rasterflow.read.policy import ReadPolicy, current_policy, failed_before, record_failure, record_retry
 from rasterflow.read.remote import Failure, ReadFailedError, classify, is_remote, vsi_path
@@ -95,7 +96,7 @@ def read_planes(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], *, i
                 planes.nodata[:, a] = source.fill
     else:
         planes = _new_planes(job, height, width)
-    with gdal_env():
+    with gdal_env(), prefetch.task_reads(job.reads, job.grid, [(rows, cols)], current_policy()):
         _read_into(job, rows, cols, planes)
     return planes
 
@@ -152,6 +153,11 @@ def _read_into(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], plane
             plane_covered = coverage[t] if coverage is not None else None
             fill = job.assets[a].fill
             try:
+                handled, file_nodata = _read_prefetched(read, rows, cols, raw[a][t], plane_covered, policy)
+                if handled:
+                    if read.nodata is None and file_nodata is not None:
+                        nodata[t, a] = file_nodata
+                    continue
                 read_asset(read, job.grid, job.resampling, fill, rows, cols, raw[a][t], plane_covered,
                            policy=policy)
                 if read.nodata is None:
@@ -172,6 +178,20 @@ def _read_into(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], plane
                     plane_covered[...] = False
                 nodata[t, a] = math.nan if fill is None else fill
                 scale[t, a], offset[t, a] = 1.0, 0.0
+
+
+def _read_prefetched(read: AssetRead, rows: tuple[int, int], cols: tuple[int, int], out: np.ndarray,
+                     covered: np.ndarray | None, policy: ReadPolicy) -> tuple[bool, float | None]:
+    """Read through the task's concurrent remote reads (:mod:`rasterflow.read.prefetch`) when it planned this
+    file and window: ``(True, the file's nodata)``; else ``(False, None)`` (GDAL reads it)."""
+    session = prefetch.active()
+    if session is None:
+        return False, None
+    earlier = failed_before(policy, read.href)
+    if earlier is not None:
+        raise ReadFailedError(earlier["error"], href=read.href, status=earlier["status"], transient=False,
+                              attempts=earlier["attempts"])
+    return session.read(read, rows, cols, out, covered)
 
 
 def item_stream(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int]) -> ItemStream:

@@ -21,7 +21,7 @@ from rasterflow.read.remote import Failure, ReadFailedError, cache_busting_optio
 from rasterflow.sources import AssetRead
 
 __all__ = ["MAX_OPEN_PER_THREAD", "GDAL_OPEN_OPTIONS", "open_options", "open_source", "warped_source", "reason", "clear_cache",
-           "open_count", "forget", "failure_error"]
+           "open_count", "forget", "failure_error", "check_facts", "signed_href"]
 
 MAX_OPEN_PER_THREAD = 512
 """Open datasets one thread keeps (least recently used closed first): a task reads every date of every asset, so
@@ -93,7 +93,7 @@ def failure_error(action: str, read: AssetRead, failure: Failure) -> ReadFailedE
                            status=failure.status, transient=failure.transient, unreadable=failure.unreadable)
 
 
-def _signed(read: AssetRead, policy: ReadPolicy) -> str:
+def signed_href(read: AssetRead, policy: ReadPolicy) -> str:
     """The href, signed when the run has a signer (right before it is opened: tokens expire)."""
     if not policy.sign:
         return read.href
@@ -134,7 +134,7 @@ def open_source(read: AssetRead, *, fresh: bool = False, policy: ReadPolicy | No
         return cache[key]
     if not read.href:
         raise SourceReadError(f"{read.describe()}: the asset has no href")
-    signed = _signed(read, policy)
+    signed = signed_href(read, policy)
     path = vsi_path(signed)
     options = open_options(read.href, policy, fresh_href=signed if fresh else None)
     try:
@@ -153,33 +153,43 @@ def open_source(read: AssetRead, *, fresh: bool = False, policy: ReadPolicy | No
 
 
 def check_against_metadata(read: AssetRead, dataset: Any) -> None:
-    """Raise :class:`SourceMismatchError` when the file contradicts what its item declares."""
+    """Raise :class:`SourceMismatchError` when the file (an open rasterio dataset) contradicts what its item
+    declares."""
+    crs = dataset.crs
+    check_facts(read, count=dataset.count, dtype=dataset.dtypes[0] if dataset.count else None,
+                crs=None if crs is None else crs, height=dataset.height, width=dataset.width,
+                transform=tuple(dataset.transform)[:6])
+
+
+def check_facts(read: AssetRead, *, count: int, dtype: str | None, crs: Any, height: int, width: int,
+                transform: tuple[float, ...] | None) -> None:
+    """Raise :class:`SourceMismatchError` when a file with these facts contradicts what ``read``'s item declares
+    (``crs``: a rasterio CRS or an ``EPSG:nnnn`` string; ``transform`` None: not compared)."""
     problems = []
-    if dataset.count < 1:
+    if count < 1:
         problems.append("the file has no band")
-    elif read.band_count is not None and dataset.count != read.band_count:
-        problems.append(f"the file has {dataset.count} bands, the item's metadata declares {read.band_count}")
-    elif read.band_count is None and dataset.count != 1:
-        problems.append(f"the file has {dataset.count} bands; rasterflow reads single-band assets (band 1 would be "
+    elif read.band_count is not None and count != read.band_count:
+        problems.append(f"the file has {count} bands, the item's metadata declares {read.band_count}")
+    elif read.band_count is None and count != 1:
+        problems.append(f"the file has {count} bands; rasterflow reads single-band assets (band 1 would be "
                         "read and the others ignored)")
-    file_dtype = dataset.dtypes[0] if dataset.count else None
-    if read.data_type is not None and file_dtype is not None and file_dtype != read.data_type:
-        problems.append(f"its data type is {file_dtype}, the item's metadata says {read.data_type} (set "
-                        f"source.overrides.{read.name}.data_type: {file_dtype} if the file is right)")
+    if read.data_type is not None and dtype and dtype != read.data_type:
+        problems.append(f"its data type is {dtype}, the item's metadata says {read.data_type} (set "
+                        f"source.overrides.{read.name}.data_type: {dtype} if the file is right)")
     if read.crs is not None:
-        file_crs = dataset.crs
-        if file_crs is None:
+        if crs is None:
             problems.append(f"the file has no CRS, the item's metadata says {read.crs}")
-        else:
+        elif not (isinstance(crs, str) and crs.upper() == read.crs.upper()):
             from rasterio.crs import CRS
 
+            file_crs = CRS.from_user_input(crs) if isinstance(crs, str) else crs
             if CRS.from_user_input(read.crs) != file_crs:
                 problems.append(f"its CRS is {file_crs.to_string()}, the item's metadata says {read.crs}")
-    if read.shape is not None and tuple(read.shape) != (dataset.height, dataset.width):
-        problems.append(f"its shape is {dataset.height} x {dataset.width}, the item's proj:shape says "
+    if read.shape is not None and tuple(read.shape) != (height, width):
+        problems.append(f"its shape is {height} x {width}, the item's proj:shape says "
                         f"{read.shape[0]} x {read.shape[1]}")
-    if read.transform is not None:
-        actual = tuple(dataset.transform)[:6]
+    if read.transform is not None and transform is not None:
+        actual = tuple(transform)[:6]
         if not all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6) for a, b in zip(actual, read.transform)):
             problems.append(f"its transform is {list(actual)}, the item's proj:transform says {list(read.transform)}")
     if problems:

@@ -56,6 +56,13 @@ class ReadPolicy:
     """``CPL_VSIL_CURL_ALLOWED_EXTENSIONS`` (from the job's hrefs)."""
     run_id: str = "local"
     """Keys this run's statistics on the workers."""
+    io_concurrency: int = 32
+    """Range requests in flight per process on the concurrent remote path (``source.io.concurrency``)."""
+    io_buffer: int = 32 * 1024 * 1024
+    """Bytes of compressed tiles a task fetches ahead of its decoder (``source.io.buffer``)."""
+    io_reader: str = "auto"
+    """``auto``: remote COGs that can be decoded here are fetched concurrently (:mod:`rasterflow.read.prefetch`);
+    ``gdal``: every remote read through GDAL (``source.io.reader``)."""
 
     def gdal_options(self) -> dict[str, str]:
         """The GDAL config options of every open and read (what the environment does not set itself)."""
@@ -63,12 +70,18 @@ class ReadPolicy:
 
     def as_dict(self) -> dict[str, Any]:
         return {"retry": self.retry.as_dict(), "on_read_error": self.on_read_error,
-                "max_failed_fraction": self.max_failed_fraction, "sign": self.sign}
+                "max_failed_fraction": self.max_failed_fraction, "sign": self.sign,
+                "io": {"concurrency": self.io_concurrency, "buffer": self.io_buffer, "reader": self.io_reader}}
 
 
-def policy_from_spec(source: Any, hrefs: Iterable[str] = ()) -> ReadPolicy:
-    """The policy of a run from the spec's ``source`` section and the job's hrefs; a fresh ``run_id``."""
+def policy_from_spec(source: Any, hrefs: Iterable[str] = (), round_trip: float | None = None) -> ReadPolicy:
+    """The policy of a run from the spec's ``source`` section and the job's hrefs; a fresh ``run_id``.
+    ``round_trip``: seconds of a request measured in planning (``source.io.concurrency: auto`` follows it)."""
+    io = getattr(source, "io", None)
     return ReadPolicy(
+        io_concurrency=io_concurrency(getattr(io, "concurrency", "auto"), round_trip),
+        io_buffer=int(getattr(io, "buffer_bytes", 0) or 32 * 1024 * 1024),
+        io_reader=str(getattr(io, "reader", "auto")),
         retry=RetryPolicy.from_spec(getattr(source, "retry", None)),
         on_read_error=str(getattr(source, "on_read_error", "fail")),
         max_failed_fraction=float(getattr(source, "max_failed_fraction", 0.0)),
@@ -76,6 +89,17 @@ def policy_from_spec(source: Any, hrefs: Iterable[str] = ()) -> ReadPolicy:
         extensions=allowed_extensions(hrefs),
         run_id=uuid.uuid4().hex,
     )
+
+
+def io_concurrency(setting: Any, round_trip: float | None = None) -> int:
+    """Requests in flight per process: the spec's number, or for ``auto`` enough to keep the pipe full at the
+    measured round trip (about one request per 2.5 ms of latency, 16..128), else
+    :data:`~rasterflow.read.fetch.DEFAULT_CONCURRENCY` (32)."""
+    if isinstance(setting, int) and not isinstance(setting, bool):
+        return max(1, setting)
+    if round_trip is None or round_trip <= 0:
+        return 32
+    return int(min(128, max(16, round(round_trip / 0.0025))))
 
 
 # ---- the policy in this process -------------------------------------------------------------------------------
@@ -101,6 +125,20 @@ _STATS: dict[str, dict[str, Any]] = {}
 
 def _run_stats(run_id: str) -> dict[str, Any]:
     return _STATS.setdefault(run_id, {"retries": {}, "failed": {}})
+
+
+IO_COUNTERS = ("requests", "bytes", "header_reads", "request_seconds", "wait_seconds")
+
+
+def record_io(run_id: str, *, in_flight: int = 0, **counts: float) -> None:
+    """Add ``counts`` (:data:`IO_COUNTERS`) to this process's I/O statistics of ``run_id``; ``in_flight``: the
+    requests in flight when one started (the peak is kept)."""
+    with _LOCK:
+        io = _run_stats(run_id).setdefault("io", {})
+        for key, value in counts.items():
+            io[key] = io.get(key, 0) + value
+        if in_flight:
+            io["in_flight_peak"] = max(io.get("in_flight_peak", 0), in_flight)
 
 
 def record_retry(policy: ReadPolicy, href: str) -> None:
@@ -157,6 +195,19 @@ def collect(run_id: str) -> dict[str, Any]:
         return _STATS.pop(run_id, {"retries": {}, "failed": {}})
 
 
+def merge_io(parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The I/O statistics of several processes: counters summed, the in-flight peak the largest (per process)."""
+    total: dict[str, Any] = {}
+    for part in parts:
+        io = part.get("io") or {}
+        for key, value in io.items():
+            total[key] = max(total.get(key, 0), value) if key == "in_flight_peak" else total.get(key, 0) + value
+    for key in ("request_seconds", "wait_seconds"):
+        if key in total:
+            total[key] = round(float(total[key]), 3)
+    return total
+
+
 # ---- on the client ------------------------------------------------------------------------------------------
 
 
@@ -185,6 +236,9 @@ class ReadSummary:
     retries: dict[str, int] = field(default_factory=dict)
     """href -> retries made (files read without a retry are left out)."""
     policy: ReadPolicy = field(default_factory=ReadPolicy)
+    io: dict[str, Any] = field(default_factory=dict)
+    """The concurrent remote path's requests, bytes, header reads, in-flight peak (per process) and the seconds
+    the compute threads waited for bytes (:func:`merge_io`); empty when no file was read that way."""
 
     @property
     def failed_fraction(self) -> float:
@@ -210,6 +264,7 @@ class ReadSummary:
             "total_retries": self.total_retries,
             "retries": dict(sorted(self.retries.items())),
             "policy": self.policy.as_dict(),
+            "io": dict(self.io),
         }
 
     def quota_message(self) -> str:
@@ -227,6 +282,7 @@ def summarize(parts: Iterable[dict[str, Any]], files: int, policy: ReadPolicy,
     scheduler) add the hrefs of workers that were lost before their statistics were collected."""
     retries: dict[str, int] = {}
     failed: dict[str, dict[str, Any]] = {}
+    parts = list(parts)
     for part in parts:
         for href, n in part.get("retries", {}).items():
             retries[href] = retries.get(href, 0) + int(n)
@@ -242,7 +298,7 @@ def summarize(parts: Iterable[dict[str, Any]], files: int, policy: ReadPolicy,
             failed[entry["href"]] = dict(entry)
     names = {f.name for f in fields(FailedRead)}  # the scheduler adds "worker" to an event
     rows = tuple(FailedRead(**{k: v for k, v in failed[href].items() if k in names}) for href in sorted(failed))
-    return ReadSummary(files=files, failed=rows, retries=retries, policy=policy)
+    return ReadSummary(files=files, failed=rows, retries=retries, policy=policy, io=merge_io(parts))
 
 
 def check_quota(summary: ReadSummary) -> None:

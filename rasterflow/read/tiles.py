@@ -30,7 +30,8 @@ from rasterflow import compiled
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["LOSSLESS_CODECS", "ENV_SWITCH", "TileIndex", "decoder_available", "decodes", "tile_index", "read_window"]
+__all__ = ["LOSSLESS_CODECS", "ENV_SWITCH", "TileIndex", "decoder_available", "decodes", "tile_index", "read_window",
+           "window_tiles", "place_tile", "page_index"]
 
 LOSSLESS_CODECS = {1: "NONE", 5: "LZW", 8: "DEFLATE", 32946: "DEFLATE", 50000: "ZSTD"}
 """TIFF compression tags this path decodes (their GDAL names, as :func:`rasterflow.sources.compression_name`
@@ -94,26 +95,39 @@ def tile_index(path: str, *, band_count: int, dtype: np.dtype, shape: tuple[int,
 
     try:
         with tifffile.TiffFile(path) as tif:
-            page = tif.pages.first
-            if not (page.is_tiled and page.samplesperpixel == 1 and page.imagedepth == 1
-                    and page.compression in LOSSLESS_CODECS and page.predictor in (1, 2, 3)
-                    and page.fillorder == 1 and not page.is_subsampled and page.dtype is not None
-                    and np.dtype(page.dtype) == dtype and tuple(page.shape) == tuple(shape)
-                    and (page.tilelength, page.tilewidth) == tuple(block_shape)):
-                return None
-            offsets, counts = array("Q", page.dataoffsets), array("Q", page.databytecounts)
-            decode = page.decode
-            predicted = _predicted_16_bit(page.compression, page.predictor, np.dtype(page.dtype),
-                                          tif.byteorder == ("<" if sys.byteorder == "little" else ">"),
-                                          page.tilewidth)
+            index = page_index(tif, path)
     except Exception:  # anything tifffile cannot parse is GDAL's to read (and to report, if GDAL cannot either)
         return None
-    tiles = -(-shape[0] // block_shape[0]) * -(-shape[1] // block_shape[1])
+    if index is None or index.dtype != np.dtype(dtype) or (index.height, index.width) != tuple(shape) \
+            or (index.tile_height, index.tile_width) != tuple(block_shape):
+        return None
+    return index
+
+
+def page_index(tif: Any, path: str) -> TileIndex | None:
+    """The :class:`TileIndex` of the full-resolution image (first page) of an open ``tifffile.TiffFile``, when it
+    is one this module decodes bit for bit as GDAL (see the module docstring), else None. ``path`` names it in
+    errors (a local path or a URL)."""
+    import numpy as np
+
+    if not decoder_available():
+        return None
+    page = tif.pages.first
+    if not (page.is_tiled and page.samplesperpixel == 1 and page.imagedepth == 1
+            and page.compression in LOSSLESS_CODECS and page.predictor in (1, 2, 3)
+            and page.fillorder == 1 and not page.is_subsampled and page.dtype is not None):
+        return None
+    offsets, counts = array("Q", page.dataoffsets), array("Q", page.databytecounts)
+    height, width = int(page.imagelength), int(page.imagewidth)
+    tile_height, tile_width = int(page.tilelength), int(page.tilewidth)
+    tiles = -(-height // tile_height) * -(-width // tile_width)
     if len(offsets) != tiles or len(counts) != tiles:
         return None
-    return TileIndex(path=path, height=shape[0], width=shape[1], tile_height=block_shape[0],
-                     tile_width=block_shape[1], dtype=np.dtype(dtype), offsets=offsets, byte_counts=counts,
-                     decode=decode, predicted=predicted)
+    dtype = np.dtype(page.dtype)
+    predicted = _predicted_16_bit(page.compression, page.predictor, dtype,
+                                  tif.byteorder == ("<" if sys.byteorder == "little" else ">"), tile_width)
+    return TileIndex(path=path, height=height, width=width, tile_height=tile_height, tile_width=tile_width,
+                     dtype=dtype, offsets=offsets, byte_counts=counts, decode=page.decode, predicted=predicted)
 
 
 def _predicted_16_bit(compression: int, predictor: int, dtype: np.dtype, native_order: bool,
@@ -131,6 +145,43 @@ def _predicted_16_bit(compression: int, predictor: int, dtype: np.dtype, native_
     return None if decompress is None else (decompress, kernels.undo_horizontal_u16)
 
 
+def window_tiles(index: TileIndex, row: int, col: int, height: int, width: int) -> list[int]:
+    """The numbers of the tiles (row-major, as in the file's tile index) that the window of ``height`` x ``width``
+    pixels from ``row``, ``col`` touches, in row-major order."""
+    th, tw, across = index.tile_height, index.tile_width, index.tiles_across
+    return [ty * across + tx for ty in range(row // th, (row + height - 1) // th + 1)
+            for tx in range(col // tw, (col + width - 1) // tw + 1)]
+
+
+def place_tile(index: TileIndex, number: int, data: bytes | None, row: int, col: int, out: np.ndarray,
+               fill: float = 0) -> None:
+    """Decode tile ``number`` from its compressed ``data`` and copy its part of the window from ``row``, ``col``
+    into ``out`` (any strides). ``data`` None: a sparse tile (absent from the file), which holds ``fill`` (GDAL
+    gives the file's nodata there, else 0). A tile that does not decode raises ``OSError`` naming it."""
+    th, tw = index.tile_height, index.tile_width
+    height, width = out.shape
+    ty, tx = divmod(number, index.tiles_across)
+    r0, c0 = ty * th, tx * tw
+    y0, y1 = max(row, r0), min(row + height, r0 + th)
+    x0, x1 = max(col, c0), min(col + width, c0 + tw)
+    target = out[y0 - row:y1 - row, x0 - col:x1 - col]
+    if data is None:
+        target[...] = fill
+        return
+    if index.predicted is not None and target.strides[1] == 2:
+        decompress, undo_predictor = index.predicted
+        raw = decompress(data, out=th * tw * 2)
+        if len(raw) != th * tw * 2:
+            raise OSError(f"tile {number} of {index.path} decoded to {len(raw)} bytes, not {th * tw * 2}")
+        undo_predictor(raw, th, tw, y0 - r0, x0 - c0, target)
+        return
+    segment = index.decode(data, number)[0]
+    if segment is None:
+        raise OSError(f"tile {number} of {index.path} did not decode")
+    tile = segment.reshape(segment.shape[-3], segment.shape[-2])  # (1, th, tw, 1) -> (th, tw)
+    target[...] = tile[y0 - r0:y1 - r0, x0 - c0:x1 - c0]
+
+
 def read_window(index: TileIndex, row: int, col: int, out: np.ndarray) -> bool:
     """Fill ``out`` (``(height, width)``, any strides) with the file's pixels from ``row``, ``col``.
 
@@ -142,37 +193,18 @@ def read_window(index: TileIndex, row: int, col: int, out: np.ndarray) -> bool:
     if row < 0 or col < 0 or row + height > index.height or col + width > index.width:
         raise ValueError(f"window {row}:{row + height}, {col}:{col + width} outside the {index.height} x "
                          f"{index.width} image of {index.path}")
-    th, tw = index.tile_height, index.tile_width
-    tiles = [(ty, tx) for ty in range(row // th, (row + height - 1) // th + 1)
-             for tx in range(col // tw, (col + width - 1) // tw + 1)]
-    across = index.tiles_across
-    if any(index.byte_counts[ty * across + tx] == 0 for ty, tx in tiles):
+    tiles = window_tiles(index, row, col, height, width)
+    if any(index.byte_counts[number] == 0 for number in tiles):
         return False
     descriptor = os.open(index.path, os.O_RDONLY)
     try:
-        for ty, tx in tiles:
-            number = ty * across + tx
+        for number in tiles:
             count, offset = index.byte_counts[number], index.offsets[number]
             data = os.pread(descriptor, count, offset)
             if len(data) != count:
                 raise OSError(f"tile {number} of {index.path}: {len(data)} of its {count} bytes at offset {offset} "
                               "could be read (a truncated file?)")
-            r0, c0 = ty * th, tx * tw
-            y0, y1 = max(row, r0), min(row + height, r0 + th)
-            x0, x1 = max(col, c0), min(col + width, c0 + tw)
-            target = out[y0 - row:y1 - row, x0 - col:x1 - col]
-            if index.predicted is not None and target.strides[1] == 2:
-                decompress, undo_predictor = index.predicted
-                raw = decompress(data, out=th * tw * 2)
-                if len(raw) != th * tw * 2:
-                    raise OSError(f"tile {number} of {index.path} decoded to {len(raw)} bytes, not {th * tw * 2}")
-                undo_predictor(raw, th, tw, y0 - r0, x0 - c0, target)
-                continue
-            segment = index.decode(data, number)[0]
-            if segment is None:
-                raise OSError(f"tile {number} of {index.path} did not decode")
-            tile = segment.reshape(segment.shape[-3], segment.shape[-2])  # (1, th, tw, 1) -> (th, tw)
-            target[...] = tile[y0 - r0:y1 - r0, x0 - c0:x1 - c0]
+            place_tile(index, number, data, row, col, out)
     finally:
         os.close(descriptor)
     return True

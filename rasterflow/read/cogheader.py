@@ -1,0 +1,171 @@
+"""A remote COG's header, parsed once per file and process from its first bytes: the tile index, the data type, the
+grid (CRS and transform from the GeoTIFF keys) and the nodata value.
+
+A COG keeps its IFDs and tile arrays at the front, so one request of :data:`HEADER_BYTES` usually holds everything
+tifffile needs; a header that runs past it is read on in blocks (one more request each). What tifffile cannot
+place bit for bit as GDAL reads it (strips, JPEG, several samples, a CRS that is not an EPSG code, a rotated or
+pixel-is-point grid) gets ``index`` None: GDAL reads that file, as before.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rasterflow.read.tiles import TileIndex, page_index
+
+__all__ = ["HEADER_BYTES", "RemoteTiff", "parse_header", "FileFacts"]
+
+HEADER_BYTES = 64 * 1024
+"""Bytes of the first request to a file: a COG's header (IFDs, tile offsets and byte counts of every level) for
+images up to ~20k² pixels in 512² tiles. GDAL starts with 16 KB and reads on; one request of 64 KB costs the same
+round trip."""
+
+_BLOCK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class FileFacts:
+    """What a file's header says of it, in the terms :func:`rasterflow.read.datasets.check_against_metadata`
+    checks against the item's metadata."""
+
+    count: int
+    dtype: str
+    crs: str | None
+    """``EPSG:nnnn``, None when the file has no CRS rasterflow reads itself."""
+    height: int
+    width: int
+    transform: tuple[float, float, float, float, float, float] | None
+    nodata: float | None
+
+
+@dataclass(frozen=True, eq=False)
+class RemoteTiff:
+    """One remote file's header: its facts and, when rasterflow decodes its tiles itself, the tile index."""
+
+    href: str
+    size: int | None
+    facts: FileFacts | None
+    """None when the header could not be parsed (then GDAL opens the file, and reports what is wrong with it)."""
+    index: TileIndex | None
+    why_gdal: str = ""
+    """Why GDAL reads this file (``index`` None), for the report and the tests."""
+
+
+class _RangeFile(io.RawIOBase):
+    """A read-only file over the bytes of a remote file fetched so far; reads past them fetch more (in blocks of
+    :data:`_BLOCK`) with ``fetch(start, length) -> bytes``."""
+
+    def __init__(self, first: bytes, size: int | None, fetch: Callable[[int, int], bytes]):
+        super().__init__()
+        self.blocks: dict[int, bytes] = {}
+        self.size = size if size is not None else len(first)
+        self.fetch = fetch
+        self.position = 0
+        self.first = first
+        self.extra_requests = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.position, 2: self.size}[whence]
+        self.position = max(0, base + offset)
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        wanted = min(len(view), max(0, self.size - self.position))
+        done = 0
+        while done < wanted:
+            at = self.position + done
+            if at < len(self.first):
+                piece = self.first[at:at + wanted - done]
+            else:
+                start = (at - len(self.first)) // _BLOCK * _BLOCK + len(self.first)
+                block = self.blocks.get(start)
+                if block is None:
+                    block = self.blocks[start] = self.fetch(start, min(_BLOCK, self.size - start))
+                    self.extra_requests += 1
+                    if not block:
+                        break
+                piece = block[at - start:at - start + wanted - done]
+            if not piece:
+                break
+            view[done:done + len(piece)] = piece
+            done += len(piece)
+        self.position += done
+        return done
+
+
+def parse_header(href: str, first: bytes, size: int | None, fetch: Callable[[int, int], bytes]) -> RemoteTiff:
+    """The :class:`RemoteTiff` of ``href`` from its first bytes (``size``: the file's length, from the answer's
+    ``Content-Range``); ``fetch`` reads on where the header is longer. Errors of ``fetch`` propagate (a network
+    failure is the caller's to classify); a header tifffile cannot parse gives ``facts`` None."""
+    import tifffile
+
+    handle = _RangeFile(first, size, fetch)
+    try:
+        with tifffile.TiffFile(handle, name=href.rsplit("/", 1)[-1] or "remote.tif") as tif:
+            page = tif.pages.first
+            facts = _facts(tif, page)
+            index = page_index(tif, href)
+    except Exception as err:
+        from rasterflow.read.remote import ReadFailedError
+
+        if isinstance(err, ReadFailedError):
+            raise
+        return RemoteTiff(href=href, size=size, facts=None, index=None, why_gdal=f"tifffile: {err}")
+    why = ""
+    if index is None:
+        why = "not a tiled image with a lossless codec rasterflow decodes"
+    elif facts.crs is None or facts.transform is None:
+        why, index = "no EPSG CRS or north-up transform in its GeoTIFF keys", None
+    return RemoteTiff(href=href, size=size, facts=facts, index=index, why_gdal=why)
+
+
+def _facts(tif: Any, page: Any) -> FileFacts:
+    import numpy as np
+
+    count = int(page.samplesperpixel)
+    nodata_text = page.tags.valueof(42113)  # GDAL_NODATA
+    nodata = None
+    if nodata_text not in (None, ""):
+        try:
+            nodata = float(str(nodata_text).strip("\x00 "))
+        except ValueError:
+            nodata = None
+    crs, transform = _georeference(tif, page)
+    return FileFacts(count=count, dtype=str(np.dtype(page.dtype)) if page.dtype is not None else "",
+                     crs=crs, height=int(page.imagelength), width=int(page.imagewidth), transform=transform,
+                     nodata=nodata)
+
+
+def _georeference(tif: Any, page: Any) -> tuple[str | None, tuple[float, float, float, float, float, float] | None]:
+    """``EPSG:nnnn`` and the affine transform (GDAL's order, pixel corners) from the GeoTIFF keys, or None where
+    they say something GDAL would interpret further (pixel-is-point, a user-defined CRS, a rotation)."""
+    if not page.is_geotiff:
+        return None, None
+    keys = tif.geotiff_metadata or {}
+    raster_type = int(keys.get("GTRasterTypeGeoKey", 1) or 1)
+    code = keys.get("ProjectedCSTypeGeoKey")
+    if code is None and int(keys.get("GTModelTypeGeoKey", 0) or 0) == 2:
+        code = keys.get("GeographicTypeGeoKey")
+    code = int(code) if code is not None else None
+    crs = f"EPSG:{code}" if code is not None and 1024 <= code < 32767 else None
+    if raster_type != 1:
+        return crs, None  # pixel-is-point: GDAL shifts the grid by half a pixel; leave that to GDAL
+    scale, tiepoint = keys.get("ModelPixelScale"), keys.get("ModelTiepoint")
+    if keys.get("ModelTransformation") is not None or scale is None or tiepoint is None or len(tiepoint) < 6:
+        return crs, None
+    sx, sy = float(scale[0]), float(scale[1])
+    i, j, x, y = float(tiepoint[0]), float(tiepoint[1]), float(tiepoint[3]), float(tiepoint[4])
+    return crs, (sx, 0.0, x - i * sx, 0.0, -sy, y + j * sy)

@@ -1,0 +1,429 @@
+"""The remote reads of one task, fetched ahead of the decoder: headers once per file and process, the task's tiles
+in as few requests as their layout allows, in the order the task decodes them, a bounded number of bytes ahead.
+
+A task knows before it reads a pixel which windows it will read (its chunk, or its sub-blocks one after the other),
+in which order (window by window, item by item, asset by asset: the kernels take each item when its date is
+evaluated), and, from each file's header, which tiles each window needs and where they lie in the file. So
+:class:`TaskReads` plans every fetch at the start of the task:
+
+* each tile is fetched once per task, when the first window that needs it is near, and dropped after the last
+  window that needs it has decoded it (a tile cut by two sub-blocks is fetched once, not twice);
+* the tiles a window first needs from one file are coalesced: adjacent tiles, or tiles apart by at most
+  :data:`MAX_GAP` bytes, become one range request (at most :data:`MAX_REQUEST` bytes);
+* requests are issued in decode order while the bytes fetched but not yet decoded stay within ``buffer``
+  (``source.io.buffer``); the process's :class:`~rasterflow.read.fetch.RangeClient` keeps at most
+  ``source.io.concurrency`` of them in flight. The decoder thus works on window *w* while the tiles of the next
+  windows arrive: I/O and compute overlap, and memory stays bounded by the buffer plus the tiles a later window
+  of the task still needs (what :mod:`rasterflow.budget` counts).
+
+Files this path cannot decode bit for bit (see :mod:`rasterflow.read.cogheader`), files that need warping, and
+schemes the client does not speak go to GDAL as before (:meth:`TaskReads.read` returns False).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rasterflow.read.cogheader import HEADER_BYTES, RemoteTiff, parse_header
+from rasterflow.read.datasets import check_facts, signed_href
+from rasterflow.read.fetch import client, supported
+from rasterflow.read.policy import ReadPolicy, failed_before, record_io, record_retry
+from rasterflow.read.remote import ReadFailedError
+from rasterflow.read.tiles import decoder_available, place_tile, window_tiles
+from rasterflow.sources import AssetRead, grid_offset
+
+__all__ = ["TaskReads", "task_reads", "active", "headers", "MAX_GAP", "MAX_REQUEST", "MAX_HEADERS",
+           "clear_headers"]
+
+MAX_GAP = 64 * 1024
+"""Bytes between two needed tiles of a file that are read through rather than split into two requests (as GDAL's
+multi-range merging and async-tiff do): a request costs a round trip, 64 KB cost ~0.5 ms at 1 Gbit/s."""
+
+MAX_REQUEST = 16 * 1024 * 1024
+"""No range request is longer: a very wide window is still fetched in pieces that arrive in parallel."""
+
+MAX_HEADERS = 4096
+"""Parsed headers one process keeps (least recently used dropped first): ~10 KB each for a 10980² COG in 512²
+tiles, so at most ~40 MB; a job's files are far fewer per worker."""
+
+
+# ---- headers, once per file and process ---------------------------------------------------------------------
+
+_HEADERS: collections.OrderedDict[tuple[str, str], RemoteTiff] = collections.OrderedDict()
+"""``(run_id, href)`` -> header: a run reads each header once per process, and a later run on the same (long-lived)
+workers reads it again, so a file replaced between runs is never decoded with its old tile index."""
+_HEADERS_LOCK = threading.Lock()
+
+
+def clear_headers() -> None:
+    """Forget every parsed header of this process (tests)."""
+    with _HEADERS_LOCK:
+        _HEADERS.clear()
+
+
+def headers(reads: Sequence[AssetRead], policy: ReadPolicy) -> dict[str, RemoteTiff | ReadFailedError]:
+    """The parsed header of each read's file: from this process's cache, the missing ones fetched all at once (one
+    request of :data:`~rasterflow.read.cogheader.HEADER_BYTES` each, concurrently). A file whose header cannot be
+    fetched maps to its error (the read that needs it raises it)."""
+    found: dict[str, RemoteTiff | ReadFailedError] = {}
+    missing: dict[str, AssetRead] = {}
+    with _HEADERS_LOCK:
+        for read in reads:
+            known = _HEADERS.get((policy.run_id, read.href))
+            if known is not None:
+                _HEADERS.move_to_end((policy.run_id, read.href))
+                found[read.href] = known
+            else:
+                missing.setdefault(read.href, read)
+    if not missing:
+        return found
+    fetcher = client(policy.io_concurrency)
+    pending = {}
+    for href, read in missing.items():
+        url = signed_href(read, policy)
+        pending[href] = (url, fetcher.submit(href, url, [(0, HEADER_BYTES)], policy.retry, policy.run_id,
+                                             on_retry=_counting(policy, href), header=True))
+    for href, (url, future) in pending.items():
+        try:
+            answer = future.result()[0]
+
+            def more(start: int, length: int, href: str = href, url: str = url) -> bytes:
+                return fetcher.submit(href, url, [(start, length)], policy.retry, policy.run_id,
+                                      on_retry=_counting(policy, href), header=True).result()[0].data
+
+            parsed = parse_header(href, answer.data, answer.size, more)
+        except ReadFailedError as err:
+            found[href] = err
+            continue
+        found[href] = parsed
+        with _HEADERS_LOCK:
+            _HEADERS[(policy.run_id, href)] = parsed
+            while len(_HEADERS) > MAX_HEADERS:
+                _HEADERS.popitem(last=False)
+    return found
+
+
+def _counting(policy: ReadPolicy, href: str) -> Any:
+    return lambda: record_retry(policy, href)
+
+
+# ---- one task's reads -------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Fetch:
+    """One range request: ``length`` bytes of ``href`` from ``start``, holding the tiles ``tiles``."""
+
+    href: str
+    url: str
+    index: Any
+    """The file's :class:`~rasterflow.read.tiles.TileIndex` (where each tile lies in the fetched bytes)."""
+    start: int
+    length: int
+    tiles: list[int]
+    future: Any = None
+    data: bytes | None = None
+    error: ReadFailedError | None = None
+    pending_tiles: int = 0
+    """Tiles of this fetch that a later window still needs (the bytes are dropped at 0)."""
+    touched: bool = False
+    """Decoded from at least once (its bytes no longer count as fetched ahead)."""
+
+
+@dataclass(eq=False)
+class _Event:
+    """One window of one file, in decode order: which tiles it needs and where the file lies on the output grid."""
+
+    read: AssetRead
+    tiff: RemoteTiff
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+    direct: tuple[int, int]
+    tiles: list[int]
+    consumed: bool = False
+    fetches: list[_Fetch] = field(default_factory=list)
+    """The fetches this window is the first to need (issued in this order)."""
+
+
+class TaskReads:
+    """The remote reads of one task (see the module docstring). Use from one thread: the task's."""
+
+    def __init__(self, reads_by_item: Sequence[Sequence[AssetRead | None]], grid: Any,
+                 windows: Sequence[tuple[tuple[int, int], tuple[int, int]]], policy: ReadPolicy):
+        self.policy = policy
+        self.grid = grid
+        self.events: list[_Event] = []
+        self.by_key: dict[tuple[str, tuple[int, int], tuple[int, int]], collections.deque[int]] = {}
+        self.tile_refs: dict[tuple[str, int], int] = {}
+        self.tile_fetch: dict[tuple[str, int], _Fetch] = {}
+        self.header_errors: dict[str, ReadFailedError] = {}
+        self.mismatch: dict[str, Exception] = {}
+        self.cursor = 0
+        self.next_issue = 0
+        self.ahead = 0
+        self.fetcher = None
+        self._plan(reads_by_item, windows)
+
+    # ---- planning the task's fetches -------------------------------------------------------------------------
+
+    def _plan(self, reads_by_item: Sequence[Sequence[AssetRead | None]],
+              windows: Sequence[tuple[tuple[int, int], tuple[int, int]]]) -> None:
+        policy = self.policy
+        remote = [read for item in reads_by_item for read in item
+                  if read is not None and supported(read.href) and failed_before(policy, read.href) is None]
+        if not remote:
+            return
+        parsed = headers(remote, policy)
+        usable: dict[str, tuple[RemoteTiff, tuple[int, int]]] = {}
+        urls: dict[str, str] = {}
+        for read in remote:
+            header = parsed.get(read.href)
+            if isinstance(header, ReadFailedError):
+                self.header_errors[read.href] = header
+                continue
+            if header is None or header.index is None or header.facts is None:
+                continue
+            facts = header.facts
+            try:
+                check_facts(read, count=facts.count, dtype=facts.dtype, crs=facts.crs, height=facts.height,
+                            width=facts.width, transform=facts.transform)
+            except Exception as err:  # SourceMismatchError: raised where the file is read
+                self.mismatch[read.href] = err
+                continue
+            direct = grid_offset(facts.crs, facts.transform, self.grid)
+            if direct is None:
+                continue  # needs warping: GDAL
+            usable[read.href] = (header, direct)
+            urls[read.href] = signed_href(read, policy)
+        if not usable and not self.header_errors and not self.mismatch:
+            return
+        self.fetcher = client(policy.io_concurrency)
+        for rows, cols in windows:
+            for item in reads_by_item:
+                for read in item:
+                    if read is None or read.href not in usable:
+                        continue
+                    header, direct = usable[read.href]
+                    index = header.index
+                    assert index is not None
+                    r0, r1 = max(rows[0], direct[0]), min(rows[1], direct[0] + index.height)
+                    c0, c1 = max(cols[0], direct[1]), min(cols[1], direct[1] + index.width)
+                    if r0 >= r1 or c0 >= c1:
+                        tiles: list[int] = []
+                    else:
+                        tiles = window_tiles(index, r0 - direct[0], c0 - direct[1], r1 - r0, c1 - c0)
+                    event = _Event(read=read, tiff=header, rows=rows, cols=cols, direct=direct, tiles=tiles)
+                    self.by_key.setdefault((read.href, rows, cols), collections.deque()).append(len(self.events))
+                    self.events.append(event)
+                    new = []
+                    for number in tiles:
+                        key = (read.href, number)
+                        self.tile_refs[key] = self.tile_refs.get(key, 0) + 1
+                        if key not in self.tile_fetch and index.byte_counts[number] > 0:
+                            new.append(number)
+                            self.tile_fetch[key] = None  # type: ignore[assignment]  # set just below
+                    for fetch in _coalesce(read.href, urls[read.href], index, new):
+                        event.fetches.append(fetch)
+                        for number in fetch.tiles:
+                            self.tile_fetch[(read.href, number)] = fetch
+        for (href, number), fetch in self.tile_fetch.items():
+            fetch.pending_tiles += self.tile_refs[(href, number)]
+        self._pump()
+
+    def _pump(self) -> None:
+        """Issue the next fetches in decode order while the bytes fetched ahead stay within the buffer (always at
+        least the fetches of the window the decoder is at)."""
+        assert self.fetcher is not None or not self.events
+        while self.next_issue < len(self.events):
+            event = self.events[self.next_issue]
+            size = sum(f.length for f in event.fetches)
+            if self.next_issue > self.cursor and self.ahead + size > self.policy.io_buffer and self.ahead > 0:
+                return
+            for fetch in event.fetches:
+                self._issue(fetch)
+            self.next_issue += 1
+
+    def _issue(self, fetch: _Fetch) -> None:
+        """One request per fetch, so that each fetch's bytes go as soon as its own tiles are decoded."""
+        if fetch.future is not None or fetch.data is not None:
+            return
+        assert self.fetcher is not None
+        fetch.future = self.fetcher.submit(fetch.href, fetch.url, [(fetch.start, fetch.length)], self.policy.retry,
+                                           self.policy.run_id, on_retry=_counting(self.policy, fetch.href))
+        self.ahead += fetch.length
+
+    # ---- the decoder's side -----------------------------------------------------------------------------------
+
+    def read(self, read: AssetRead, rows: tuple[int, int], cols: tuple[int, int], out: np.ndarray,
+             covered: np.ndarray | None) -> tuple[bool, float | None]:
+        """Decode ``read``'s part of the window ``rows`` x ``cols`` into ``out`` and mark ``covered``.
+
+        Returns ``(True, file nodata)`` when done here, ``(False, None)`` when GDAL must read it (a file or
+        window this task did not plan). Raises the file's :class:`ReadFailedError` or
+        :class:`~rasterflow.errors.SourceMismatchError`."""
+        href = read.href
+        if href in self.header_errors:
+            raise _named(read, self.header_errors[href])
+        if href in self.mismatch:
+            raise self.mismatch[href]
+        queue = self.by_key.get((href, rows, cols))
+        if not queue:
+            return False, None
+        position = queue.popleft()
+        event = self.events[position]
+        self._skip_to(position)
+        try:
+            self._decode(event, out, covered)
+        except ReadFailedError as err:
+            raise _named(read, err) from None
+        finally:
+            self._consume(event)
+            self.cursor = max(self.cursor, position + 1)
+            self._pump()
+        return True, event.tiff.facts.nodata if event.tiff.facts is not None else None
+
+    def _skip_to(self, position: int) -> None:
+        """Windows planned before ``position`` that the decoder did not ask for (the kernel skipped them): their
+        tiles are released as if decoded."""
+        for earlier in range(self.cursor, position):
+            event = self.events[earlier]
+            if not event.consumed:
+                queue = self.by_key.get((event.read.href, event.rows, event.cols))
+                if queue is not None and earlier in queue:
+                    queue.remove(earlier)
+                self._consume(event)
+        if position > self.next_issue:
+            self.next_issue = position  # the skipped windows' own fetches are issued on demand, if ever needed
+        self._pump()
+
+    def _decode(self, event: _Event, out: np.ndarray, covered: np.ndarray | None) -> None:
+        index = event.tiff.index
+        assert index is not None
+        rows, cols, (row_off, col_off) = event.rows, event.cols, event.direct
+        r0, r1 = max(rows[0], row_off), min(rows[1], row_off + index.height)
+        c0, c1 = max(cols[0], col_off), min(cols[1], col_off + index.width)
+        if r0 >= r1 or c0 >= c1:
+            return
+        target = out[r0 - rows[0]:r1 - rows[0], c0 - cols[0]:c1 - cols[0]]
+        fill = event.tiff.facts.nodata if event.tiff.facts is not None and event.tiff.facts.nodata is not None else 0
+        for number in event.tiles:
+            fetch = self.tile_fetch.get((event.read.href, number))
+            data = None if fetch is None else self._bytes(fetch, number)
+            try:
+                place_tile(index, number, data, r0 - row_off, c0 - col_off, target, fill=fill)
+            except Exception as err:
+                raise ReadFailedError(f"tile {number} does not decode ({type(err).__name__}: {err})",
+                                      href=event.read.href, transient=False) from None
+        if covered is not None:
+            covered[r0 - rows[0]:r1 - rows[0], c0 - cols[0]:c1 - cols[0]] = True
+
+    def _bytes(self, fetch: _Fetch, number: int) -> bytes:
+        if fetch.error is not None:
+            raise fetch.error
+        if fetch.data is None:
+            if fetch.future is None:  # planned beyond what was issued (the decoder jumped ahead): issue it now
+                self._issue(fetch)
+            waited = time.perf_counter()
+            try:
+                fetch.data = fetch.future.result()[0].data
+            except ReadFailedError as err:
+                fetch.error = err
+                raise
+            finally:
+                fetch.future = None  # the future would keep the bytes alive after they are dropped
+                record_io(self.policy.run_id, wait_seconds=time.perf_counter() - waited)
+        if not fetch.touched:
+            fetch.touched = True
+            self.ahead -= fetch.length
+        start = int(fetch.index.offsets[number]) - fetch.start
+        return fetch.data[start:start + int(fetch.index.byte_counts[number])]
+
+    def _consume(self, event: _Event) -> None:
+        if event.consumed:
+            return
+        event.consumed = True
+        for number in event.tiles:
+            key = (event.read.href, number)
+            fetch = self.tile_fetch.get(key)
+            if fetch is None:
+                continue
+            fetch.pending_tiles -= 1
+            if fetch.pending_tiles <= 0:
+                if not fetch.touched and (fetch.future is not None or fetch.data is not None):
+                    fetch.touched = True
+                    self.ahead -= fetch.length
+                if fetch.future is not None:
+                    fetch.future.cancel()
+                fetch.data, fetch.future = None, None  # the last window that needs its tiles is done: the bytes go
+
+    def close(self) -> None:
+        """Drop every byte the task still holds (also when it failed: nothing is kept for the next task)."""
+        for fetch in set(self.tile_fetch.values()):
+            if fetch is not None:
+                fetch.data = None
+                if fetch.future is not None:
+                    fetch.future.cancel()
+        self.events.clear()
+        self.by_key.clear()
+
+
+def _named(read: AssetRead, err: ReadFailedError) -> ReadFailedError:
+    """``err`` with the item, asset and href in front of its reason, as the GDAL path words its errors."""
+    if str(err).startswith("cannot "):
+        return err
+    return ReadFailedError(f"cannot read {read.describe()}: {err}", href=err.href or read.href, status=err.status,
+                           transient=err.transient, attempts=err.attempts, unreadable=err.unreadable)
+
+
+def _coalesce(href: str, url: str, index: Any, numbers: list[int]) -> list[_Fetch]:
+    """The tiles ``numbers`` of one file as range requests: sorted by offset, merged where the gap is at most
+    :data:`MAX_GAP` and the request stays within :data:`MAX_REQUEST`."""
+    fetches: list[_Fetch] = []
+    for number in sorted(numbers, key=lambda n: index.offsets[n]):
+        start, count = int(index.offsets[number]), int(index.byte_counts[number])
+        last = fetches[-1] if fetches else None
+        if last is not None and 0 <= start - (last.start + last.length) <= MAX_GAP \
+                and start + count - last.start <= MAX_REQUEST:
+            last.length = start + count - last.start
+            last.tiles.append(number)
+        else:
+            fetches.append(_Fetch(href=href, url=url, index=index, start=start, length=count, tiles=[number]))
+    return fetches
+
+
+# ---- the task's session, seen by the reader -----------------------------------------------------------------
+
+_active = threading.local()
+
+
+def active() -> TaskReads | None:
+    """The :class:`TaskReads` of the task running in this thread, if any."""
+    return getattr(_active, "session", None)
+
+
+@contextlib.contextmanager
+def task_reads(reads_by_item: Sequence[Sequence[AssetRead | None]], grid: Any,
+               windows: Sequence[tuple[tuple[int, int], tuple[int, int]]],
+               policy: ReadPolicy) -> Iterator[TaskReads | None]:
+    """Plan and run the remote reads of a task whose windows are ``windows`` (in decode order) for the reads
+    ``[item][asset]`` (see :class:`TaskReads`); the reader finds it with :func:`active`. Nothing is planned (and
+    None is yielded) when the job reads no remote file this path reads, or ``source.io.reader`` is ``gdal``."""
+    if active() is not None or policy.io_reader == "gdal" or not decoder_available() or not any(
+            read is not None and supported(read.href) for item in reads_by_item for read in item):
+        yield None
+        return
+    session = TaskReads(reads_by_item, grid, windows, policy)
+    _active.session = session
+    try:
+        yield session
+    finally:
+        _active.session = None
+        session.close()
