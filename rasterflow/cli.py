@@ -550,8 +550,8 @@ _run_options = [
     click.option("--plot", is_flag=True, help="Save a PNG of worker memory over time next to the report."),
     click.option("--overwrite", is_flag=True, help="Recompute and replace the outputs (if_exists: overwrite)."),
     click.option("--results", "results_path", type=click.Path(path_type=Path), default=None,
-                 help="The results file of this invocation (default .rasterflow/run_results.json, or "
-                      "$RASTERFLOW_RESULTS)."),
+                 help="The results file of this invocation (default: its own file in .rasterflow/results/, "
+                      "copied to .rasterflow/run_results.json; or $RASTERFLOW_RESULTS)."),
 ]
 
 
@@ -586,8 +586,9 @@ def run(specs: tuple[str, ...], report_path: Path | None, plot: bool, overwrite:
 
 @cli.command()
 @click.option("--results", "results_path", type=click.Path(path_type=Path), default=None,
-              help="The results file to retry (default .rasterflow/run_results.json, or $RASTERFLOW_RESULTS); it is "
-                   "replaced by this invocation's results.")
+              help="The results file to retry (it is replaced by this invocation's results); default: every spec "
+                   "whose latest result in .rasterflow/results/ failed, was interrupted or locked "
+                   "(or $RASTERFLOW_RESULTS).")
 @click.option("--overwrite", is_flag=True, help="Recompute and replace the outputs (if_exists: overwrite).")
 @click.option("--plot", is_flag=True, help="Save a PNG of worker memory over time next to each report.")
 @_var_option
@@ -596,22 +597,25 @@ def run(specs: tuple[str, ...], report_path: Path | None, plot: bool, overwrite:
 def retry(results_path: Path | None, overwrite: bool, plot: bool, variables: tuple[str, ...]) -> int:
     """Rerun the failed, interrupted and locked specs of the last results file, with the variables and the window
     end ("now") they had; an interrupted Zarr run resumes."""
-    from rasterflow.batch import ResultsFile, default_results_path, retry_entries
+    from rasterflow.batch import RESULTS_ENV, ResultsFile, default_results_path, latest_retry_entries, retry_entries
     from rasterflow.spec import load_spec
 
-    path = results_path or default_results_path()
-    data = ResultsFile.read(path)
-    entries = retry_entries(data)
+    if results_path is not None or os.environ.get(RESULTS_ENV):
+        path = results_path or default_results_path()
+        data = ResultsFile.read(path)
+        entries = [dict(e, cwd=data.get("cwd")) for e in retry_entries(data)]
+        where = str(path)
+    else:  # every invocation's own results: the specs whose latest result is failed, interrupted or locked
+        entries, where = latest_retry_entries()
     if not entries:
-        _say(f"nothing to retry: no failed, interrupted or locked spec in {path}")
+        _say(f"nothing to retry: no failed, interrupted or locked spec in {where}")
         return 0
     overrides = _parse_vars(variables)
     jobs, broken = [], []
-    base = Path(data.get("cwd") or ".")
     for entry in entries:
         spec_path = Path(entry["spec"])
         if not spec_path.is_absolute() and not spec_path.exists():
-            spec_path = base / spec_path
+            spec_path = Path(entry.get("cwd") or ".") / spec_path
         try:
             loaded = load_spec(spec_path, variables={**(entry.get("variables") or {}), **overrides})
         except SpecError as err:
@@ -619,22 +623,21 @@ def retry(results_path: Path | None, overwrite: bool, plot: bool, variables: tup
             continue
         now = dt.datetime.fromisoformat(entry["now"]) if entry.get("now") else None
         jobs.append((loaded, now))
-    _say(f"retrying {len(jobs) + len(broken)} spec(s) from {path}", min_verbosity=0)
-    return _run_jobs(jobs, broken, report_path=None, plot=plot, overwrite=overwrite, results_path=path,
+    _say(f"retrying {len(jobs) + len(broken)} spec(s) from {where}", min_verbosity=0)
+    return _run_jobs(jobs, broken, report_path=None, plot=plot, overwrite=overwrite, results_path=results_path,
                      dry_run=False, command="retry")
 
 
 def _run_jobs(jobs: list[tuple[Any, dt.datetime | None]], broken: list[tuple[Path, SpecError]], *,
               report_path: Path | None, plot: bool, overwrite: bool, results_path: Path | None, dry_run: bool,
               command: str) -> int:
-    from rasterflow.batch import ResultsFile, argv, default_results_path
+    from rasterflow.batch import argv, default_results_path, invocation_results, prune_state
     from rasterflow.run import run_command
     from rasterflow.signals import Interrupts
 
-    path = results_path or default_results_path()
     # a dry run does not replace the last real results (retry reads them) unless a file is named
-    results = ResultsFile(path, command, argv()) if (not dry_run or results_path) else None
-    state_dir = path.parent
+    results = invocation_results(results_path, command, argv()) if (not dry_run or results_path) else None
+    state_dir = (results_path or default_results_path()).parent
     worst = 0
     for spec_path, err in broken:
         _fail(str(err), spec_path.stem)
@@ -676,6 +679,8 @@ def _run_jobs(jobs: list[tuple[Any, dt.datetime | None]], broken: list[tuple[Pat
         if results is not None:
             results.write(finished=True)
             _say(f"results: {results.path}", min_verbosity=1)
+        if not dry_run:
+            prune_state(Path(state_dir) / "run_results.json")
     return worst
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "SourceMismatchError",
     "OutputLockedError",
     "OutputNotOursError",
+    "OutputLocationError",
     "UsageError",
     "RunInterrupted",
 ]
@@ -163,6 +164,14 @@ class SourceMismatchError(SourceReadError, ValueError):
 class OutputNotOursError(OutputExistsError):
     """``overwrite`` was asked but what is at the output path is not a rasterflow output (or is an input of the job,
     or a symlink): rasterflow never deletes it."""
+
+
+class OutputLocationError(RasterflowError, OSError):
+    """The output's location cannot be written (a read-only file system, no permission, a file where a folder is
+    needed, a pseudo file system such as ``/proc``): the user's to fix in ``output.path`` or on the disk, so the spec is
+    invalid as it stands (exit 2) and ``retry`` does not re-queue it. Nothing was written."""
+
+    exit_code = ExitCode.INVALID
 
 
 class OutputLockedError(RasterflowError, BlockingIOError):

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from rasterflow.errors import OutputLockedError
+from rasterflow.errors import OutputLocationError, OutputLockedError
 
 __all__ = ["OutputLock", "lock_path_for", "read_holder", "pid_alive"]
 
@@ -69,6 +69,54 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def _make_dirs(directory: Path, output: str) -> list[Path]:
+    """Make the lock's folder (and its parents); the folders made, outermost first."""
+    missing: list[Path] = []
+    probe = directory
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise _location_error(output, directory, err) from None
+    return list(reversed(missing))
+
+
+def _probe_writable(path: Path, output: str) -> None:
+    """Create (or open) the lock file for writing, so an unwritable place is said as such, not as a lock held by
+    another run (``filelock`` reads any failure to open as "held")."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise _location_error(output, path.parent, err) from None
+    os.close(fd)
+
+
+def _location_error(output: str, directory: Path, err: OSError) -> OutputLocationError:
+    import errno
+
+    why = {errno.EROFS: "it is on a read-only file system", errno.EACCES: "no permission to write there",
+           errno.EPERM: "no permission to write there",
+           errno.ENOTDIR: "a file stands where a folder is needed",
+           errno.ENOENT: "files cannot be created there (a pseudo file system such as /proc or /sys?)",
+           errno.EEXIST: "a file stands where a folder is needed"}.get(err.errno or 0, err.strerror or str(err))
+    return OutputLocationError(
+        f"cannot write the output {output}: {directory} is not writable ({why}; {err.strerror or err}); nothing was "
+        f"written. Change output.path to a folder you can write to (or fix the folder's permissions or mount)")
+
+
+def _locked_file_is_current(lock: Any, path: Path) -> bool:
+    """Whether the file ``lock`` holds is still the one at ``path`` (a holder may delete it as it releases)."""
+    fd = getattr(getattr(lock, "_context", None), "lock_file_fd", None)
+    if fd is None:  # pragma: no cover - another filelock layout: trust it
+        return True
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except OSError:
+        return False
+
+
 def _describe(holder: dict[str, Any]) -> str:
     if not holder:
         return "another run (it has not written its details yet)"
@@ -95,6 +143,7 @@ class OutputLock:
     path: Path = field(init=False)
     took_over: dict[str, Any] = field(default_factory=dict, init=False)
     _lock: Any = field(default=None, init=False, repr=False)
+    _made_dirs: list[Path] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.path = lock_path_for(self.output)
@@ -109,16 +158,27 @@ class OutputLock:
         """
         from filelock import FileLock, Timeout
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(self.path), timeout=0, thread_local=False)
-        previous = read_holder(self.path)  # read first: the winner's acquire truncates the file
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            holder = read_holder(self.path)
-            raise OutputLockedError(
-                f"output {self.output} is being written by {_describe(holder)}; this run changed nothing. "
-                f"Wait for it to finish (or stop it), then run again.", holder) from None
+        self._made_dirs = _make_dirs(self.path.parent, self.output)
+        _probe_writable(self.path, self.output)
+        for _attempt in range(5):
+            lock = FileLock(str(self.path), timeout=0, thread_local=False)
+            previous = read_holder(self.path)  # read first: the winner's acquire truncates the file
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                if not self.path.exists():  # the holder removed it as it released (a run that wrote nothing)
+                    continue
+                holder = read_holder(self.path)
+                raise OutputLockedError(
+                    f"output {self.output} is being written by {_describe(holder)}; this run changed nothing. "
+                    f"Wait for it to finish (or stop it), then run again.", holder) from None
+            if _locked_file_is_current(lock, self.path):
+                break
+            # the holder removed the lock file between our open and our lock (release(remove=True)): the inode we
+            # locked is no longer the lock; take the file that is there now
+            lock.release()
+        else:  # pragma: no cover - five removals in a row
+            raise OutputLockedError(f"output {self.output}: its lock file keeps being replaced; try again", {})
         self._lock = lock
         here = previous.get("host") == socket.gethostname()
         if previous and not (here and previous.get("pid") == os.getpid()) and not (
@@ -138,17 +198,31 @@ class OutputLock:
     def held(self) -> bool:
         return self._lock is not None
 
-    def release(self) -> None:
-        """Release the lock (idempotent). The holder record is cleared so a later reader sees no stale holder."""
+    def release(self, *, remove: bool = False) -> None:
+        """Release the lock (idempotent). The holder record is cleared so a later reader sees no stale holder.
+
+        ``remove``: the run wrote nothing (it failed or was refused before its output existed): the lock file is
+        deleted while still held (a contender that opened it meanwhile sees the file gone after locking it and
+        takes the new one: :meth:`acquire`), and so are the folders :meth:`acquire` made for it, when empty."""
         if self._lock is None:
             return
         try:
-            with open(self.path, "w"):
-                pass
+            if remove:
+                self.path.unlink(missing_ok=True)
+            else:
+                with open(self.path, "w"):
+                    pass
         except OSError:  # pragma: no cover - the directory vanished
             pass
         self._lock.release()
         self._lock = None
+        if remove:
+            for directory in reversed(self._made_dirs):
+                try:
+                    directory.rmdir()
+                except OSError:  # not empty (something else was written there) or gone
+                    break
+        self._made_dirs = []
 
     def __enter__(self) -> OutputLock:
         return self.acquire()

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from rasterflow import budget
-from rasterflow.errors import ExitCode, RasterflowError, RunFailedError, RunInterrupted
+from rasterflow.errors import ExitCode, OutputLocationError, RasterflowError, RunFailedError, RunInterrupted
 from rasterflow.plan import JobPlan, check_items, local_layout, make_plan
 from rasterflow.signals import Interrupts
 
@@ -152,9 +152,23 @@ def search(loaded: Any, now: dt.datetime | None = None) -> list[dict]:
         max_items=stac.max_items,
     )
     from rasterflow import retry  # source.retry covers the STAC API requests too
+    from rasterflow.errors import CatalogError, NoItemsFoundError
 
-    with retry.using(retry.RetryPolicy.from_spec(loaded.spec.source.retry)):
-        return search_items(query)
+    try:
+        with retry.using(retry.RetryPolicy.from_spec(loaded.spec.source.retry)):
+            return search_items(query)
+    except CatalogError as err:  # the spec's file:line: which key to change
+        if isinstance(err, NoItemsFoundError):
+            field = getattr(err, "field", "")
+            where, key = ((loaded.where("source", "stac", "bbox"), "source.stac.bbox") if field == "bbox"
+                          else (loaded.where("source", "stac"), "source.stac"))
+        else:
+            where, key = loaded.where("source", "stac", "catalog"), "source.stac.catalog"
+        hint = ("; a relative path is relative to the spec file's folder" if "not found" in str(err)
+                and "://" not in str(loaded.spec.source.stac.catalog) else "")
+        located = type(err)(f"{where}: {key}: {err}{hint}")
+        located.__dict__.update(err.__dict__)
+        raise located from err.__cause__
 
 
 def resolve_layout(spec: Any):
@@ -294,6 +308,7 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
     job_id = ""
     left = ""
     own_report: Path | None = Path(report_path) if report_path else None
+    expected: list[str] = []
     try:
         start, end = window_of(spec.source.stac.datetime, now)
         output_path = _output_path(loaded, render_output_path(spec.output.path, start, end,
@@ -307,6 +322,8 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
             lock = OutputLock(output_path, spec=str(loaded.path))
             try:
                 lock.acquire()
+            except OutputLocationError as err:
+                raise OutputLocationError(f"{loaded.where('output', 'path')}: output.path: {err}") from None
             except RasterflowError:
                 lost_lock = True
                 raise
@@ -399,15 +416,26 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
         if committed and interrupts.received:
             report.note = (f"{_signal_name(interrupts.received)} arrived after the output was committed; "
                            f"the run finished normally")
+        # a run that wrote nothing (failed, refused or stopped before its output existed) leaves nothing beside
+        # that output: its report goes to <state_dir>/reports/ and its lock file (and the folders made for it) go
+        nothing_there = (not committed and not dry_run and bool(output_path)
+                         and not write.common.is_remote(output_path) and not _output_exists(output_path, fmt,
+                                                                                               expected))
         report_file = _report_destination(own_report, state_dir, spec.name, committed=committed,
-                                          lost_lock=lost_lock, status=report.status, explicit=report_path is not None)
+                                          lost_lock=lost_lock or nothing_there, status=report.status,
+                                          explicit=report_path is not None)
         written_report: str | None = None
-        try:
-            if not dry_run:  # a dry run writes nothing
-                report.write(report_file)
-                written_report = str(report_file)
-        except OSError as err:
-            emit("warning", {"message": f"could not write the run report {report_file}: {err}"})
+        if not dry_run:  # a dry run writes nothing
+            for attempt, destination in enumerate(_report_fallbacks(report_file, state_dir, spec.name,
+                                                                    report.status)):
+                try:
+                    report.write(destination)
+                    written_report = str(destination)
+                    break
+                except OSError as err:
+                    emit("warning", {"message": f"could not write the run report {destination}: "
+                                                f"{err.strerror or err}" + ("" if attempt else
+                                                                            "; writing it elsewhere")})
         if written_report and committed and output_path and write.common.is_remote(output_path):
             # beside the object too: it is how a later run recognises this output as its own (if_exists)
             try:
@@ -425,7 +453,7 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
             except Exception as err:  # a plot must not fail the run
                 emit("warning", {"message": f"could not draw the memory plot: {type(err).__name__}: {err}"})
         if lock is not None:
-            lock.release()
+            lock.release(remove=nothing_there)
         _drop_if_empty(_worker_log_path(own_report))
     outcome = RunResult(
         spec_path=str(loaded.path), name=spec.name, status=report.status, exit_code=int(code),
@@ -549,6 +577,28 @@ def _what_is_left(fmt: str, output_path: str, counts: list[int]) -> str:
             f"command writes the COG again (COG writes do not resume)")
 
 
+def _output_exists(output_path: str, fmt: str, expected: list[str]) -> bool:
+    """Whether anything of the output is there: the output, one of its files, or a Zarr run's kept blocks."""
+    from rasterflow.write.common import exists, zarr_staging_path
+
+    paths = [output_path, *expected] + ([zarr_staging_path(output_path)] if fmt == "zarr" else [])
+    try:
+        return any(exists(p) for p in paths)
+    except Exception:  # cannot tell: keep the files as they are
+        return True
+
+
+def _report_fallbacks(first: Path, state_dir: str | os.PathLike, name: str, status: str) -> list[Path]:
+    """Where the report goes: ``first``, else (an unwritable output folder) ``<state_dir>/reports/``."""
+    fallback = _state_report_path(state_dir, name, status)
+    return [first] if Path(first).parent == fallback.parent else [first, fallback]
+
+
+def _state_report_path(state_dir: str | os.PathLike, name: str, status: str) -> Path:
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return Path(state_dir) / "reports" / f"{name}-{stamp}-{os.getpid()}-{status}.report.json"
+
+
 def _report_destination(own: Path | None, state_dir: str | os.PathLike, name: str, *, committed: bool,
                         lost_lock: bool, status: str, explicit: bool) -> Path:
     """Beside the output when this run owns it (or ``--report`` was given), else ``<state_dir>/reports/``."""
@@ -558,8 +608,7 @@ def _report_destination(own: Path | None, state_dir: str | os.PathLike, name: st
             not lost_lock and status not in ("up_to_date", "would_run")
             and report_may_replace(str(own), committed=committed))):
         return own
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return Path(state_dir) / "reports" / f"{name}-{stamp}-{os.getpid()}-{status}.report.json"
+    return _state_report_path(state_dir, name, status)
 
 
 def _leading_coords(plan: JobPlan) -> dict[str, list]:
@@ -628,7 +677,7 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
             timer.on_start = sampler.mark
             with timer("graph"):
                 dataset = graph.build_dataset(plan)
-            progress = CountingProgress(label="blocks written", stream=progress_stream or _NullStream(),
+            progress = CountingProgress(label="blocks", done_word="written", stream=progress_stream or _NullStream(),
                                         interactive=None if progress_stream is not None else False)
             with timer("compute+write"), progress:
                 description, encoding, options = _output_options(loaded, plan, fmt, output_path)
