@@ -607,8 +607,13 @@ class ProgressReporter:
         interval: float | None = None,
         stream: TextIO | None = None,
         label: str = "tasks",
+        done_word: str = "done",
     ):
         self.futures = list(futures)
+        self.done_word = done_word
+        """What the count is: ``12/48 tasks done``, ``12/48 blocks written``."""
+        self.stop_reason = "stopped by an error"
+        """How a stopped line ends: an error, or ``interrupted by SIGINT`` (set by :meth:`__exit__`)."""
         self.stream = stream if stream is not None else sys.stdout
         if interactive is None:
             isatty = getattr(self.stream, "isatty", None)
@@ -636,14 +641,14 @@ class ProgressReporter:
     def format_line(self, done: int, failed: int, elapsed: float, *, stopped: bool = False) -> str:
         total = self.total
         if stopped and total == 0:  # stopped before the writer knew its block count: no "0/0 ... 100%"
-            line = f"{done} {self.label} done, {elapsed:.1f} s"
+            line = f"{done} {self.label} {self.done_word}, {elapsed:.1f} s"
         else:
             percent = 100 if total == 0 else int(100 * done / total)
-            line = f"{done}/{total} {self.label} done, {percent}%, {elapsed:.1f} s"
+            line = f"{done}/{total} {self.label} {self.done_word}, {percent}%, {elapsed:.1f} s"
         if failed:
             line += f", {failed} failed"
         if stopped:
-            line += ", stopped by an error"
+            line += f", {self.stop_reason}"
         return line
 
     def _emit(self, done: int, failed: int, *, stopped: bool = False) -> None:
@@ -712,15 +717,18 @@ class ProgressReporter:
     def __enter__(self) -> ProgressReporter:
         return self.start()
 
-    def __exit__(self, exc_type: object, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object = None, *rest: object) -> None:
+        if isinstance(exc_type, type) and issubclass(exc_type, KeyboardInterrupt):  # Ctrl-C, SIGTERM: not an error
+            name = getattr(exc, "signal_name", None) or "SIGINT"
+            self.stop_reason = f"interrupted by {name}"
         self.stop(stopped=exc_type is not None)
 
 
 class CountingProgress(ProgressReporter):
     """A :class:`ProgressReporter` fed with counts instead of futures: for writers that report finished blocks."""
 
-    def __init__(self, *, label: str = "blocks", **options: Any):
-        super().__init__([], label=label, **options)
+    def __init__(self, *, label: str = "blocks", done_word: str = "written", **options: Any):
+        super().__init__([], label=label, done_word=done_word, **options)
         self._done = 0
         self._total = 0
 

@@ -357,6 +357,8 @@ class RunReport:
         if self.error:
             status += f": {self.error}"
         lines = [status]
+        if self.grid:  # planned: the search ran
+            lines.append(f"items: {len(self.item_ids):,} used (ids in the report's item_ids)")
         lines.extend(self._read_lines())
         outputs = [f"output: {out.get('path')} ({_size_words(out.get('bytes'))})" for out in self.outputs]
         lines.extend(shortened(outputs, "outputs"))
@@ -495,40 +497,80 @@ _THRESHOLD_STYLE = {
 }
 
 
+def plot_y_top(data: dict[str, Any]) -> int:
+    """The top of the plot's y axis in bytes: 30% above the highest measured or predicted memory, so a 140 MB curve
+    under a 10 GB limit is not a flat line at the bottom (thresholds above it are listed, not drawn to scale)."""
+    highest = max([v for line in data["series"].values() for v in line["rss_peak"] + line["rss"]]
+                  + [data["predicted"] or 0], default=0)
+    if not highest:
+        return max(data["thresholds"].values(), default=10**9)
+    return int(highest * 1.3)
+
+
+def mark_rows(marks: list[tuple[float, str]], t_min: float, t_max: float, *, char_width: float = 0.0105,
+              gap: float = 0.01) -> list[int]:
+    """A row per stage label so labels written side by side at the top of the plot do not overlap: each goes in the
+    first row whose previous label ends (in axes fraction, ``char_width`` per character) before it starts."""
+    span = max(t_max - t_min, 1e-9)
+    ends: list[float] = []
+    rows = []
+    for t, name in marks:
+        start = (t - t_min) / span
+        for row, end in enumerate(ends):
+            if end + gap <= start:
+                break
+        else:
+            row = len(ends)
+            ends.append(-1.0)
+        ends[row] = start + char_width * (len(name) + 1)
+        rows.append(row)
+    return rows
+
+
 def plot_memory(report: RunReport, png_path: str | os.PathLike) -> Path:
-    """Save a PNG of RSS over time: one line per worker, the worker thresholds, the predicted peak, stage marks."""
+    """Save a PNG of RSS over time: one line per worker, the worker thresholds, the predicted peak, stage marks.
+
+    The y axis fits the measured and predicted memory (:func:`plot_y_top`); thresholds above it are named in the
+    legend with "(above)". Stage labels are set in rows so that close stages do not overlap (:func:`mark_rows`)."""
     # The Agg canvas on a bare Figure: no pyplot, no global backend switch, no display needed.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     data = memory_plot_data(report)
-    gb = 1e9
+    top = plot_y_top(data)
+    unit, unit_name = (1e9, "GB") if top >= 2e9 else (1e6, "MB")
     fig = Figure(figsize=(10, 5.5), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
+    times = [t for line in data["series"].values() for t in line["t"]] + [t for t, _ in data["marks"]]
     for worker, line in data["series"].items():
         if worker == CLIENT:
-            ax.plot(line["t"], [v / gb for v in line["rss"]], color="grey", lw=1, ls="--", label="client (driver)")
+            ax.plot(line["t"], [v / unit for v in line["rss"]], color="grey", lw=1, ls="--", label="client (driver)")
             continue
-        (drawn,) = ax.plot(line["t"], [v / gb for v in line["rss"]], lw=1.5, label=_short(worker))
+        (drawn,) = ax.plot(line["t"], [v / unit for v in line["rss"]], lw=1.5, label=_short(worker))
         if line["rss_peak"] != line["rss"]:
             ax.fill_between(
-                line["t"], [v / gb for v in line["rss"]], [v / gb for v in line["rss_peak"]],
+                line["t"], [v / unit for v in line["rss"]], [v / unit for v in line["rss_peak"]],
                 color=drawn.get_color(), alpha=0.2, lw=0,
             )
     for name, value in data["thresholds"].items():
         color, style = _THRESHOLD_STYLE[name]
-        ax.axhline(value / gb, color=color, ls=style, lw=1, label=f"{name} {format_bytes(value)}")
+        if value > top:  # off the chart: named, not drawn (it would squash the curves to a flat line)
+            ax.plot([], [], color=color, ls=style, lw=1, label=f"{name} {format_bytes(value)} (above)")
+            continue
+        ax.axhline(value / unit, color=color, ls=style, lw=1, label=f"{name} {format_bytes(value)}")
     if data["predicted"]:
-        ax.axhline(data["predicted"] / gb, color="tab:blue", ls="-.", lw=1.5,
+        ax.axhline(data["predicted"] / unit, color="tab:blue", ls="-.", lw=1.5,
                    label=f"predicted peak {format_bytes(data['predicted'])}")
-    for t, name in data["marks"]:
+    rows = mark_rows(data["marks"], min(times, default=0.0), max(times, default=1.0))
+    for (t, name), row in zip(data["marks"], rows):
         ax.axvline(t, color="0.5", lw=0.8)
-        ax.annotate(name, xy=(t, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3),
-                    textcoords="offset points", va="top", fontsize=8, rotation=90)
+        ax.annotate(name, xy=(t, 1.0), xycoords=("data", "axes fraction"), xytext=(2, -3 - 11 * row),
+                    textcoords="offset points", va="top", ha="left", fontsize=8,
+                    bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
     ax.set_xlabel("seconds since the sampler started")
-    ax.set_ylabel("process RSS (GB)")
-    ax.set_ylim(bottom=0)
+    ax.set_ylabel(f"process RSS ({unit_name})")
+    ax.set_ylim(bottom=0, top=top / unit * (1 + 0.06 * (max(rows, default=-1) + 1)))  # room for the labels' rows
     ax.set_title(f"{data['title']}: worker memory ({report.status})")
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:

@@ -246,7 +246,7 @@ def test_plot_and_progress_lines(write_spec, tmp_path):
     assert code == 0, output
     png = tmp_path / "out" / "p.tif.memory.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "blocks written done, 100%" in output  # plain progress lines when stdout is not a terminal
+    assert "blocks written, 100%" in output  # plain progress lines when stdout is not a terminal
     report = _report(tmp_path / "out" / "p.tif")
     from rasterflow.report import RunReport, memory_plot_data
 

@@ -64,6 +64,8 @@ from rasterflow.catalog.probe import source_header, source_tile_shape, undeclare
 from rasterflow.catalog.query import (
     QUERY_OPS,
     StacQuery,
+    _bbox_intersects,
+    _item_bbox,
     _parse_interval,
     _sort_key,
     item_datetime_range,
@@ -113,6 +115,15 @@ def _describe(q: StacQuery, interval_text: str | None) -> list[str]:
     return lines
 
 
+def _items_extent(items: list[dict], collections: Any) -> tuple[float, float, float, float] | None:
+    """The union of the items' bboxes (of the searched collections), or None when none has one."""
+    boxes = [box for item in items if not collections or item.get("collection") in collections
+             for box in [_item_bbox(item)] if box is not None]
+    if not boxes:
+        return None
+    return (min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes))
+
+
 def _no_items_message(q: StacQuery, interval_text: str | None, local: list[dict] | None) -> str:
     lines = ["the STAC search matched no items:", *_describe(q, interval_text)]
     if local is not None:
@@ -121,7 +132,17 @@ def _no_items_message(q: StacQuery, interval_text: str | None, local: list[dict]
             f"  (the file holds {len(local)} item{'s' if len(local) != 1 else ''}"
             + (f" in collection{'s' if len(present) != 1 else ''} {', '.join(present)})" if local else ")")
         )
-    hints = []
+    swapped = False
+    extent = _items_extent(local, q.collections) if local else None
+    if extent is not None:
+        lines.append(f"  the items' extent (WGS84 lon/lat): [{', '.join(f'{v:.4f}' for v in extent)}]")
+        if q.bbox is not None and not _bbox_intersects(tuple(q.bbox), extent):
+            west, south, east, north = q.bbox
+            swapped = _bbox_intersects((south, west, north, east), extent)
+            lines.append("  the bbox does not meet it" + (
+                f"; the bbox looks like lat/lon: swapped, [{south}, {west}, {north}, {east}] meets it "
+                f"(write west, south, east, north: longitude first)" if swapped else ""))
+    hints = ["swap the bbox to west, south, east, north"] if swapped else []
     if q.collections:
         hints.append("check the collection ids")
     if q.bbox is not None:
@@ -176,6 +197,11 @@ def _search(q: StacQuery, interval: tuple[datetime | None, datetime | None] | No
     if q.max_items is not None:
         items = items[-q.max_items:]
     if not items:
-        raise NoItemsFoundError(_no_items_message(q, interval_text, local_all))
+        error = NoItemsFoundError(_no_items_message(q, interval_text, local_all))
+        extent = _items_extent(local_all, q.collections) if local_all else None
+        # where in the spec to point: the bbox when it misses every item of the file, else the search as a whole
+        error.field = ("bbox" if extent is not None and q.bbox is not None
+                       and not _bbox_intersects(tuple(q.bbox), extent) else "")
+        raise error
     return [restore_proj_epsg(i) for i in items]
 
