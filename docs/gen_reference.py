@@ -326,7 +326,8 @@ def run_report_markdown() -> str:
         _NOTE,
         "Every run that got as far as knowing its output writes one JSON report, atomically: "
         "`<output>.report.json` next to the output (or `--report PATH`), or in `.rasterflow/reports/` when the run "
-        "does not own the output (refused, up to date, locked out, or failed beside a good output), so an existing "
+        "does not own the output (refused, up to date, locked out, failed before writing anything, or failed beside a "
+        "good output), so an existing "
         "output's report is never replaced by a refusal. The fields below are those of "
         "`rasterflow.report.RunReport`, generated from the code; unknown keys from a newer rasterflow are ignored "
         "when a report is read back.\n",
