@@ -49,12 +49,13 @@ WORKER_STATS_PRELOAD = HERE / "worker_stats.py"
 whose CLI does not print them); the peer scripts ask their workers directly with :func:`worker_stats`."""
 
 
-def sample(size: int):
-    """The 8-date sample with one ``size``² tile, generated on first use."""
+def sample(size: int, n_dates: int = N_DATES):
+    """The ``n_dates``-date sample (default 8) with one ``size``² tile, generated on first use."""
     from rasterflow.sample import generate_sample
 
     started = time.perf_counter()
-    catalog = generate_sample(DATA / f"s{size}", size=size, n_dates=N_DATES)
+    where = DATA / (f"s{size}" if n_dates == N_DATES else f"s{size}x{n_dates}")
+    catalog = generate_sample(where, size=size, n_dates=n_dates)
     elapsed = time.perf_counter() - started
     if elapsed > 2:
         print(f"(generated the {size}² sample in {elapsed:.0f} s)", flush=True)

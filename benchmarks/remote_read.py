@@ -1,19 +1,41 @@
-"""The same job read over HTTP with added latency: rasterflow vs hand-written stackstac, side by side.
+"""Remote COGs against local files: the masked NDVI median served by a loopback server with an object store's
+latency, rasterflow (one process and worker processes) next to odc-stac + odc-algo and GDAL on the same server.
 
-    python benchmarks/remote_read.py [--size 1024] [--latency 0.02]
+    python benchmarks/remote_read.py [--size 2048] [--dates 12] [--latency 0.04 0.1] [--bandwidth 50MB]
+                                     [--rounds 1] [--variants ...] [--gdal-python PATH]
 
-The sample COGs (:func:`common.sample`) are served by the loopback range server of the tests
-(``tests/http_faults.py``) with ``--latency`` seconds added to every request; the items file points at it. Each
-variant runs in a fresh process on its own LocalCluster of 2 workers x 1 thread (the masked NDVI median of
-:mod:`common`); printed: wall time, HTTP requests the server answered (by kind), and whether the result is the
-local-file rasterflow result bit for bit.
+The sample (``common.sample``: one ``size``² tile x ``dates`` dates of 512² ZSTD COGs) is served by
+``latency_server.py`` in a process of its own (aiohttp, sendfile), which waits ``--latency`` seconds before every
+answer and, with ``--bandwidth``, sends at most that many bytes a second per connection. Variants, each a fresh
+process, interleaved per round (A B C ... A B C ...):
+
+* ``rf-local`` / ``rf-local-procs``: rasterflow on the local files, one process (``cluster.processes: false``, 2
+  threads) / 2 worker processes x 1 thread;
+* ``rf-remote`` / ``rf-remote-procs``: the same specs on the items whose hrefs point at the server;
+* ``rf-remote-gdal``: ``rf-remote`` with ``source.io.reader: gdal`` (every read through GDAL's ``/vsicurl/``: the
+  reader before issue 27);
+* ``odc-stac+algo``: ``peers/odc_algo_median.py`` (time whole, odc-algo blockwise; LocalCluster 2 x 1) on the items
+  over HTTP;
+* ``gdal``: ``peers/gdal_median.py`` (GDAL 3.13 alone, one process) on the items over HTTP (``/vsicurl/``), with
+  ``GDAL_CACHEMAX=64MB`` and GDAL's HTTP settings for COGs (``GDAL_DISABLE_READDIR_ON_OPEN=EMPTY_DIR``,
+  ``GDAL_HTTP_MERGE_CONSECUTIVE_RANGES=YES``, ``GDAL_HTTP_MULTIPLEX=YES``, ``VSI_CACHE=TRUE``), as its docs advise.
+
+Printed per latency: wall, peak RSS of the process tree, the requests the server answered, the most it had in
+flight, bytes sent, rasterflow's own counts (header reads, seconds its compute threads waited for bytes), the wall
+against the same layout's local run, and every result against the NumPy reference (``common.numpy_reference``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
+import time
 import types
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -21,46 +43,117 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from common import (  # noqa: E402
-    DATA, PYTHON, RASTERFLOW, check, compare, measure, read_result, sample, table, write_spec,
+    DATA, GDAL_CACHEMAX, PYTHON, check, compare, gb, measure, numpy_reference, read_result, run_rasterflow, sample,
+    table, write_spec,
 )
-from http_faults import fault_server, http_items  # noqa: E402
+from http_faults import http_items  # noqa: E402
+
+DEFAULT_GDAL_PYTHON = DATA / "gdal-venv" / "bin" / "python"
+VARIANTS = ("rf-local", "rf-local-procs", "rf-remote", "rf-remote-procs", "rf-remote-gdal", "odc-stac+algo", "gdal")
+GDAL_HTTP_ENV = {"GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR", "GDAL_HTTP_MERGE_CONSECUTIVE_RANGES": "YES",
+                 "GDAL_HTTP_MULTIPLEX": "YES", "VSI_CACHE": "TRUE", "CPL_VSIL_CURL_ALLOWED_EXTENSIONS": ".tif"}
+
+
+@contextmanager
+def latency_server(root: Path, latency: float, bandwidth: str | None):
+    cmd = [PYTHON, str(HERE / "latency_server.py"), str(root), "--latency", str(latency)]
+    if bandwidth:
+        cmd += ["--bandwidth", bandwidth]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        url = json.loads(line)["url"]
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def server_stats(url: str) -> dict:
+    with urllib.request.urlopen(url + "/_stats") as answer:
+        return json.loads(answer.read())
+
+
+def server_reset(url: str) -> None:
+    urllib.request.urlopen(urllib.request.Request(url + "/_reset", method="POST")).close()
+
+
+def with_io(spec: Path, line: str) -> Path:
+    """``spec`` with ``line`` added to its ``source`` section (e.g. ``io: {reader: gdal}``)."""
+    text = spec.read_text().replace("  assets:", f"  {line}\n  assets:", 1)
+    spec.write_text(text)
+    return spec
+
+
+def run(variant: str, local, remote, work: Path, gdal_python: Path | None):
+    output = work / (f"{variant}.tif" if variant == "gdal" else f"{variant}.zarr")
+    if variant.startswith("rf-"):
+        catalog = local if variant.startswith("rf-local") else remote
+        spec = write_spec(catalog, output, name=variant, processes="true" if variant.endswith("procs") else "false")
+        if variant == "rf-remote-gdal":
+            with_io(spec, "io: {reader: gdal}")
+        return run_rasterflow(spec, work / "worker-stats"), output
+    if variant == "gdal":
+        cmd = [str(gdal_python), str(HERE / "peers" / "gdal_median.py"), str(remote.items_vsicurl), str(output)]
+        return check(measure(cmd, env={"GDAL_CACHEMAX": GDAL_CACHEMAX, **GDAL_HTTP_ENV}), variant), output
+    cmd = [PYTHON, str(HERE / "peers" / "odc_algo_median.py"), str(remote.items_json), str(output),
+           *(str(b) for b in remote.bounds)]
+    return check(measure(cmd, env=GDAL_HTTP_ENV), variant), output
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, default=1024, help="tile edge in pixels (default 1024)")
-    parser.add_argument("--latency", type=float, default=0.02, help="seconds added to every request (0.02)")
+    parser.add_argument("--size", type=int, default=2048)
+    parser.add_argument("--dates", type=int, default=12)
+    parser.add_argument("--latency", type=float, nargs="+", default=[0.04, 0.1])
+    parser.add_argument("--bandwidth", default=None, help="per connection, e.g. 50MB (default: no cap)")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--gdal-python", type=Path, default=Path(os.environ.get("GDAL_PYTHON", DEFAULT_GDAL_PYTHON)))
     args = parser.parse_args()
+    gdal_python = args.gdal_python if args.gdal_python.exists() else None
+    names = [v for v in args.variants if v != "gdal" or gdal_python]
+    if "gdal" in args.variants and not gdal_python:
+        print(f"(no GDAL venv at {args.gdal_python}: the gdal variant is skipped; see compare_peers.py)")
 
-    catalog = sample(args.size)
-    work = DATA / f"remote-{args.size}"
+    local = sample(args.size, args.dates)
+    work = DATA / f"remote-{args.size}x{args.dates}"
     work.mkdir(parents=True, exist_ok=True)
-    local_spec = write_spec(catalog, work / "local.zarr", name="bench-local")
-    check(measure([RASTERFLOW, "run", str(local_spec)]), "rasterflow (local files)")
-    expected = read_result(work / "local.zarr")
-
+    started = time.perf_counter()
+    reference = numpy_reference(local)
+    print(f"NumPy reference ready ({time.perf_counter() - started:.0f} s)", flush=True)
     rows = []
-    with fault_server(catalog.directory, latency=args.latency) as server:
-        items = http_items(catalog, server.url, work / "items-http.json")
-        remote = types.SimpleNamespace(items_json=items, bounds=catalog.bounds, bbox_wgs84=catalog.bbox_wgs84)
-        variants = [
-            ("rasterflow", [RASTERFLOW, "run", str(write_spec(remote, work / "rasterflow.zarr", name="bench-http"))],
-             work / "rasterflow.zarr"),
-            ("stackstac (hand-written)", [PYTHON, str(HERE / "peers" / "stackstac_median.py"), str(items),
-                                          str(work / "stackstac.zarr"), *map(str, catalog.bounds)],
-             work / "stackstac.zarr"),
-        ]
-        for label, cmd, output in variants:
-            server.reset_counts()
-            m = check(measure(cmd), label)
-            kinds = server.statuses()
-            heads = sum(1 for method, *_ in server.log if method == "HEAD")
-            rows.append([label, f"{m.wall:.1f} s", str(server.count()), str(heads),
-                         ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items(), key=str)),
-                         compare(read_result(output), expected)])
-    print(f"masked NDVI median, 8 dates x {args.size}² px, 3 assets over HTTP (+{args.latency * 1000:.0f} ms per "
-          "request), LocalCluster 2 x 1 thread")
-    print(table(rows, ["reader", "wall", "requests", "HEAD", "answers", "vs local rasterflow"]))
+    for latency in args.latency:
+        with latency_server(Path(local.directory), latency, args.bandwidth) as url:
+            items = http_items(local, url, work / "items-http.json")
+            vsicurl = http_items(local, url, work / "items-vsicurl.json", rewrite=lambda h: "/vsicurl/" + h)
+            remote = types.SimpleNamespace(items_json=items, items_vsicurl=vsicurl, bounds=local.bounds,
+                                           bbox_wgs84=local.bbox_wgs84, directory=local.directory)
+            results: dict[str, list] = {v: [] for v in names}
+            for r in range(args.rounds):
+                for variant in names:
+                    server_reset(url)
+                    m, output = run(variant, local, remote, work, gdal_python)
+                    served = server_stats(url) if "remote" in variant or not variant.startswith("rf-") else {}
+                    io = ((m.info.get("report") or {}).get("reads") or {}).get("io") or {}
+                    results[variant].append((m, served, io, compare(read_result(output), reference)))
+                    print(f"  {latency * 1000:.0f} ms round {r + 1} {variant:<16} {m.wall:6.2f} s  {gb(m.peak_rss)}"
+                          f"  requests {served.get('requests', '-')}  in flight {served.get('in_flight_peak', '-')}"
+                          f"  load {os.getloadavg()[0]:.1f}", flush=True)
+            walls = {v: sorted(x[0].wall for x in results[v])[len(results[v]) // 2] for v in names}
+            for variant in names:
+                m, served, io, same = results[variant][-1]
+                local_name = "rf-local-procs" if variant.endswith("procs") else "rf-local"
+                ratio = f"{walls[variant] / walls[local_name]:.2f}x" if "remote" in variant and local_name in walls \
+                    else ""
+                rows.append([f"{latency * 1000:.0f} ms", variant, f"{walls[variant]:.1f} s", ratio, gb(m.peak_rss),
+                             str(served.get("requests", "-")), str(served.get("in_flight_peak", "-")),
+                             f"{served['bytes'] / 1e6:.0f} MB" if served.get("bytes") else "-",
+                             str(io.get("header_reads", "")), f"{io['wait_seconds']:.1f} s" if io else "", same])
+    print(f"\nmasked NDVI median, {args.size}² x {args.dates} dates x 3 assets (512² ZSTD COGs), chunks 1024², "
+          f"rounds {args.rounds}, bandwidth cap {args.bandwidth or 'none'}")
+    print(table(rows, ["latency", "variant", "wall", "vs local", "peak RSS", "requests", "most in flight",
+                       "bytes sent", "header reads", "compute waited", "vs NumPy reference"]))
 
 
 if __name__ == "__main__":

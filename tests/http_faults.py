@@ -15,12 +15,14 @@ seed, never on timing or thread interleaving:
 * ``always=True``: every request.
 
 Kinds: ``status`` (e.g. 503, 500, 429, 404, 403, with an optional ``Retry-After``), ``reset`` (the connection is
-closed with a TCP RST before any byte of the answer), ``truncate`` (headers and part of the body, then RST) and
-``stall`` (wait ``seconds``, then answer normally: a timeout for a client that waits less). ``latency`` adds a
+closed with a TCP RST before any byte of the answer), ``truncate`` (headers and part of the body, then RST),
+``stall`` (wait ``seconds``, then answer normally: a timeout for a client that waits less) and ``bad_range`` (a 206
+whose ``Content-Range`` and body are the range one byte further on: a proxy or cache that mixed up answers). ``latency`` adds a
 delay to every request (benchmarks).
 
 The server counts requests per path (``server.count(path)``) and logs ``(method, path, range, status)`` per
-request (``server.log``); faults answered count too.
+request (``server.log``); faults answered count too. ``server.in_flight_peak`` is the most requests it was
+answering at once (latency included) since the last ``reset_counts``.
 """
 
 from __future__ import annotations
@@ -101,6 +103,8 @@ class FaultServer(ThreadingHTTPServer):
         self.counts: Counter[str] = Counter()
         self.log: list[tuple[str, str, str | None, int | str]] = []
         self.lock = threading.Lock()
+        self.in_flight = 0
+        self.in_flight_peak = 0
 
     @property
     def url(self) -> str:
@@ -123,6 +127,7 @@ class FaultServer(ThreadingHTTPServer):
         with self.lock:
             self.counts.clear()
             self.log.clear()
+            self.in_flight_peak = 0
 
     def _number(self, path: str) -> int:
         with self.lock:
@@ -153,6 +158,17 @@ class _Handler(BaseHTTPRequestHandler):
     # ---- the fault decision -----------------------------------------------------------------------------------
 
     def _handle(self) -> None:
+        server = self.server
+        with server.lock:
+            server.in_flight += 1
+            server.in_flight_peak = max(server.in_flight_peak, server.in_flight)
+        try:
+            self._handle_counted()
+        finally:
+            with server.lock:
+                server.in_flight -= 1
+
+    def _handle_counted(self) -> None:
         server = self.server
         path = unquote(urlsplit(self.path).path)
         body = self._request_body()
@@ -186,6 +202,10 @@ class _Handler(BaseHTTPRequestHandler):
             if fault.kind == "stall":
                 time.sleep(fault.seconds)
                 break
+            if fault.kind == "bad_range" and ranged:
+                server._record(self.command, path, ranged, "bad_range")
+                self._answer(path, body, shift=1)
+                return
             raise ValueError(f"unknown fault kind {fault.kind!r}")
         self._answer(path, body)
 
@@ -200,11 +220,11 @@ class _Handler(BaseHTTPRequestHandler):
         with contextlib.suppress(OSError):
             self.connection.close()
 
-    def _answer(self, path: str, body: bytes, truncate: bool = False) -> None:
+    def _answer(self, path: str, body: bytes, truncate: bool = False, shift: int = 0) -> None:
         if self.server.upstream is not None:
             status, headers, payload = self._forward(body)
         else:
-            status, headers, payload = self._static(path)
+            status, headers, payload = self._static(path, shift)
         if not truncate:
             self.server._record(self.command, path, self.headers.get("Range"), status)
         self.send_response(status)
@@ -223,7 +243,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ---- static files with ranges -----------------------------------------------------------------------------
 
-    def _static(self, path: str) -> tuple[int, list[tuple[str, str]], bytes]:
+    def _static(self, path: str, shift: int = 0) -> tuple[int, list[tuple[str, str]], bytes]:
         root = self.server.root
         assert root is not None
         target = (root / path.lstrip("/")).resolve()
@@ -245,6 +265,8 @@ class _Handler(BaseHTTPRequestHandler):
                 end = min(int(end_text), size - 1) if end_text else size - 1
             if start >= size or start > end:
                 return 416, [*base, ("Content-Range", f"bytes */{size}")], b""
+            if shift and end + shift < size:
+                start, end = start + shift, end + shift
             ranges.append((start, end))
         if len(ranges) == 1:
             start, end = ranges[0]

@@ -22,6 +22,7 @@ for the run report (:func:`rasterflow.read.policy.record_retry`). Failures are
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import os
@@ -294,6 +295,18 @@ def _s3_failure(href: str, err: BaseException, policy: RetryPolicy) -> ReadFaile
 
 _CLIENTS: dict[int, RangeClient] = {}
 _CLIENT_LOCK = threading.Lock()
+
+
+def close_all() -> None:
+    """Close this process's clients (their connections, loops and threads); registered to run at exit."""
+    with _CLIENT_LOCK:
+        clients = [c for c in _CLIENTS.values() if c.pid == os.getpid()]
+        _CLIENTS.clear()
+    for each in clients:
+        each.close()
+
+
+atexit.register(close_all)
 
 
 def client(concurrency: int) -> RangeClient:

@@ -23,6 +23,7 @@ schemes the client does not speak go to GDAL as before (:meth:`TaskReads.read` r
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import threading
 import time
@@ -69,45 +70,60 @@ def clear_headers() -> None:
         _HEADERS.clear()
 
 
+_PENDING: dict[tuple[str, str], concurrent.futures.Future] = {}
+"""Headers being fetched by some thread of this process: the other threads wait for that fetch, not a second."""
+
+
 def headers(reads: Sequence[AssetRead], policy: ReadPolicy) -> dict[str, RemoteTiff | ReadFailedError]:
     """The parsed header of each read's file: from this process's cache, the missing ones fetched all at once (one
     request of :data:`~rasterflow.read.cogheader.HEADER_BYTES` each, concurrently). A file whose header cannot be
-    fetched maps to its error (the read that needs it raises it)."""
+    fetched maps to its error (the read that needs it raises it). Threads asking for the same file at once share
+    one fetch."""
     found: dict[str, RemoteTiff | ReadFailedError] = {}
-    missing: dict[str, AssetRead] = {}
+    mine: dict[str, AssetRead] = {}
+    theirs: dict[str, concurrent.futures.Future] = {}
     with _HEADERS_LOCK:
         for read in reads:
-            known = _HEADERS.get((policy.run_id, read.href))
+            key = (policy.run_id, read.href)
+            known = _HEADERS.get(key)
             if known is not None:
-                _HEADERS.move_to_end((policy.run_id, read.href))
+                _HEADERS.move_to_end(key)
                 found[read.href] = known
-            else:
-                missing.setdefault(read.href, read)
-    if not missing:
-        return found
-    fetcher = client(policy.io_concurrency)
+            elif key in _PENDING:
+                theirs[read.href] = _PENDING[key]
+            elif read.href not in mine:
+                mine[read.href] = read
+                _PENDING[key] = concurrent.futures.Future()
+    fetcher = client(policy.io_concurrency) if mine else None
     pending = {}
-    for href, read in missing.items():
+    for href, read in mine.items():
         url = signed_href(read, policy)
-        pending[href] = (url, fetcher.submit(href, url, [(0, HEADER_BYTES)], policy.retry, policy.run_id,
-                                             on_retry=_counting(policy, href), header=True))
+        pending[href] = (url, fetcher.submit(href, url, [(0, HEADER_BYTES)], policy.retry,  # type: ignore[union-attr]
+                                             policy.run_id, on_retry=_counting(policy, href), header=True))
     for href, (url, future) in pending.items():
+        result: RemoteTiff | ReadFailedError
         try:
             answer = future.result()[0]
 
             def more(start: int, length: int, href: str = href, url: str = url) -> bytes:
-                return fetcher.submit(href, url, [(start, length)], policy.retry, policy.run_id,
-                                      on_retry=_counting(policy, href), header=True).result()[0].data
+                return fetcher.submit(href, url, [(start, length)], policy.retry,  # type: ignore[union-attr]
+                                      policy.run_id, on_retry=_counting(policy, href), header=True).result()[0].data
 
-            parsed = parse_header(href, answer.data, answer.size, more)
+            result = parse_header(href, answer.data, answer.size, more)
         except ReadFailedError as err:
-            found[href] = err
-            continue
-        found[href] = parsed
+            result = err
+        except BaseException as err:  # shared with other threads: they must not wait forever
+            result = ReadFailedError(f"header not read ({type(err).__name__}: {err})", href=href, transient=True)
+        found[href] = result
         with _HEADERS_LOCK:
-            _HEADERS[(policy.run_id, href)] = parsed
-            while len(_HEADERS) > MAX_HEADERS:
-                _HEADERS.popitem(last=False)
+            shared = _PENDING.pop((policy.run_id, href))
+            if isinstance(result, RemoteTiff):
+                _HEADERS[(policy.run_id, href)] = result
+                while len(_HEADERS) > MAX_HEADERS:
+                    _HEADERS.popitem(last=False)
+        shared.set_result(result)
+    for href, shared in theirs.items():
+        found[href] = shared.result()
     return found
 
 

@@ -1,0 +1,350 @@
+"""The concurrent remote reader (issue 27): COGs written by rasterio, served over loopback HTTP (tests/http_faults.py)
+and an S3 API (moto), read by :mod:`rasterflow.read.prefetch` and compared bit for bit with GDAL's read of the same
+local file; requests in flight bounded; each tile fetched once per task; every fault ends as source.retry and
+on_read_error say; the run report's I/O counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+import rasterio.shutil
+from affine import Affine
+from rasterio.windows import Window
+
+from http_faults import Fault, fault_server
+
+from rasterflow import retry
+from rasterflow.plan import GridPlan
+from rasterflow.read import prefetch
+from rasterflow.read.policy import ReadPolicy, collect
+from rasterflow.read.prefetch import task_reads
+from rasterflow.read.remote import ReadFailedError
+from rasterflow.sources import AssetRead
+
+RES = 10.0
+ORIGIN = (500000.0, 5800000.0)  # the files' top-left corner
+HEIGHT, WIDTH = 700, 900  # not multiples of the tiles: edge tiles
+FAST = retry.RetryPolicy(attempts=4, backoff=0.01, max_delay=0.05, timeout=2)
+
+# name -> (dtype, compress, predictor, tile, nodata, sparse)
+FILES = {
+    "u16_zstd_pred2": ("uint16", "zstd", 2, 256, 0, False),
+    "u16_deflate_pred2": ("uint16", "deflate", 2, 256, None, False),
+    "i16_lzw": ("int16", "lzw", 1, 128, -9999, False),
+    "u8_lzw": ("uint8", "lzw", 1, 256, None, False),
+    "u8_deflate_pred2": ("uint8", "deflate", 2, 512, 255, False),
+    "f32_zstd_pred3": ("float32", "zstd", 3, 256, None, False),
+    "u16_none": ("uint16", "none", 1, 256, None, False),
+    "u16_sparse_nodata": ("uint16", "zstd", 2, 256, 7, True),
+    "u8_sparse": ("uint8", "deflate", 1, 256, None, True),
+}
+
+
+def _values(dtype: str, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:HEIGHT, 0:WIDTH]
+    smooth = (np.sin(y / 37.0) + np.cos(x / 23.0)) * 0.5 + 1.0  # compressible, as imagery is
+    noise = rng.normal(0, 0.05, (HEIGHT, WIDTH))
+    if dtype == "float32":
+        return (smooth + noise).astype(np.float32)
+    top = np.iinfo(dtype).max if dtype != "int16" else 20000
+    return np.clip((smooth + noise) * top / 2.5, 1, top - 1).astype(dtype)
+
+
+def _write(path: Path, dtype: str, compress: str, predictor: int, tile: int, nodata, sparse: bool, seed: int) -> None:
+    profile = dict(driver="GTiff", width=WIDTH, height=HEIGHT, count=1, dtype=dtype, crs="EPSG:32633",
+                   transform=Affine(RES, 0.0, ORIGIN[0], 0.0, -RES, ORIGIN[1]), tiled=True, blockxsize=tile,
+                   blockysize=tile, compress=compress, predictor=predictor, nodata=nodata)
+    if sparse:
+        profile["sparse_ok"] = True
+    values = _values(dtype, seed)
+    with rasterio.open(path, "w", **profile) as dst:
+        if sparse:  # only the top-left and bottom-right quarters: the other tiles are absent from the file
+            dst.write(values[: HEIGHT // 2, : WIDTH // 2], 1, window=Window(0, 0, WIDTH // 2, HEIGHT // 2))
+            dst.write(values[HEIGHT // 2:, WIDTH // 2:], 1,
+                      window=Window(WIDTH // 2, HEIGHT // 2, WIDTH - WIDTH // 2, HEIGHT - HEIGHT // 2))
+        else:
+            dst.write(values, 1)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> Path:
+    """Every kind of file of :data:`FILES` (GTiff: the header at the end of the file, after the tiles, for all but
+    one; the COG driver puts it in front) plus a COG."""
+    root = tmp_path_factory.mktemp("remote-files")
+    for seed, (name, (dtype, compress, predictor, tile, nodata, sparse)) in enumerate(FILES.items()):
+        _write(root / f"{name}.tif", dtype, compress, predictor, tile, nodata, sparse, seed)
+    with rasterio.open(root / "u16_zstd_pred2.tif") as src:
+        rasterio.shutil.copy(src, root / "cog.tif", driver="COG", compress="zstd", predictor=2, blocksize=256)
+    return root
+
+
+GRID = GridPlan(crs="EPSG:32633", resolution=RES,
+                bounds=(ORIGIN[0] - 50 * RES, ORIGIN[1] - (HEIGHT + 30) * RES, ORIGIN[0] + (WIDTH + 20) * RES,
+                        ORIGIN[1] + 40 * RES),
+                shape=(HEIGHT + 70, WIDTH + 70))
+"""An output grid a little larger than the files: windows at its edges hold pixels no file covers."""
+ROW0, COL0 = 40, 50  # where the files' first pixel lies on GRID
+
+
+def _read(name: str, href: str, *, declared_nodata=None) -> AssetRead:
+    return AssetRead(item_id=f"item-{name}", name="band", key="band", href=href, data_type=None,
+                     nodata=declared_nodata, scale=1.0, offset=0.0, crs="EPSG:32633", transform=None, shape=None,
+                     band_count=None, footprint=None, direct=True)
+
+
+def _windows(step_rows: int, step_cols: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Windows covering GRID, column by column (as a fused task's sub-blocks), cutting the files' tiles."""
+    return [((top, min(top + step_rows, GRID.shape[0])), (left, min(left + step_cols, GRID.shape[1])))
+            for left in range(0, GRID.shape[1], step_cols) for top in range(0, GRID.shape[0], step_rows)]
+
+
+def _gdal_window(path: Path, rows: tuple[int, int], cols: tuple[int, int], dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """GDAL's read of the file's part of a GRID window (zeros elsewhere) and where the file covers it."""
+    out = np.zeros((rows[1] - rows[0], cols[1] - cols[0]), dtype=dtype)
+    covered = np.zeros(out.shape, dtype=bool)
+    r0, r1 = max(rows[0], ROW0), min(rows[1], ROW0 + HEIGHT)
+    c0, c1 = max(cols[0], COL0), min(cols[1], COL0 + WIDTH)
+    if r0 < r1 and c0 < c1:
+        with rasterio.open(path) as src:
+            out[r0 - rows[0]:r1 - rows[0], c0 - cols[0]:c1 - cols[0]] = src.read(
+                1, window=Window(c0 - COL0, r0 - ROW0, c1 - c0, r1 - r0))
+        covered[r0 - rows[0]:r1 - rows[0], c0 - cols[0]:c1 - cols[0]] = True
+    return out, covered
+
+
+def _read_all(reads: list[AssetRead], windows, policy: ReadPolicy, dtypes: list[str]):
+    """Every window of every read through one task's concurrent reads -> ``{(read index, window): (values,
+    covered)}`` and the file nodata each read reported."""
+    results, nodata = {}, {}
+    with task_reads([[read] for read in reads], GRID, windows, policy) as session:
+        assert session is not None
+        for rows, cols in windows:
+            for i, read in enumerate(reads):
+                out = np.zeros((rows[1] - rows[0], cols[1] - cols[0]), dtype=dtypes[i])
+                covered = np.zeros(out.shape, dtype=bool)
+                handled, file_nodata = session.read(read, rows, cols, out, covered)
+                assert handled, f"{read.href} was left to GDAL"
+                results[(i, rows, cols)] = (out, covered)
+                nodata[i] = file_nodata
+    return results, nodata
+
+
+@pytest.fixture(autouse=True)
+def _fresh_headers():
+    prefetch.clear_headers()
+    yield
+    prefetch.clear_headers()
+
+
+# ---- bit for bit against GDAL ------------------------------------------------------------------------------------
+
+
+def test_every_codec_predictor_dtype_edge_and_sparse_tile_equals_gdal_over_http(files):
+    names = [*FILES, "cog"]
+    dtypes = [FILES[n][0] if n in FILES else "uint16" for n in names]
+    windows = _windows(300, 333)  # cuts tiles of every size; windows beyond the files' edges
+    with fault_server(files) as server:
+        reads = [_read(n, f"{server.url}/{n}.tif") for n in names]
+        results, nodata = _read_all(reads, windows, ReadPolicy(retry=FAST, run_id="codecs"), dtypes)
+        data_requests = [entry for entry in server.log if entry[2] and not entry[2].startswith("bytes=0-")]
+    for i, name in enumerate(names):
+        for rows, cols in windows:
+            expected, covered = _gdal_window(files / f"{name}.tif", rows, cols, dtypes[i])
+            got, got_covered = results[(i, rows, cols)]
+            np.testing.assert_array_equal(got, expected, err_msg=f"{name} {rows} {cols}")
+            np.testing.assert_array_equal(got_covered, covered)
+        assert nodata[i] == (FILES[name][4] if name in FILES else 0)
+    # the sparse files really had absent tiles (GDAL fills them with the nodata value, else 0, as read here)
+    with rasterio.open(files / "u16_sparse_nodata.tif") as src:
+        assert (src.read(1, window=Window(WIDTH - 10, 0, 10, 10)) == 7).all()
+    assert data_requests, "no tile was fetched"
+    collect("codecs")
+
+
+def test_s3_reads_through_moto_equal_gdal(files, monkeypatch):
+    boto3 = pytest.importorskip("boto3")
+    from s3_server import moto_server
+
+    with moto_server() as endpoint:
+        for key in [k for k in os.environ if k.startswith("AWS_")]:
+            monkeypatch.delenv(key)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+        monkeypatch.setenv("AWS_REGION", "us-east-1")
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        s3.create_bucket(Bucket="cogs")
+        names = ["u16_zstd_pred2", "u8_lzw", "f32_zstd_pred3", "u16_sparse_nodata", "cog"]
+        for name in names:
+            s3.upload_file(str(files / f"{name}.tif"), "cogs", f"deep/path/{name}.tif")
+        dtypes = [FILES[n][0] if n in FILES else "uint16" for n in names]
+        windows = _windows(512, 512)
+        reads = [_read(n, f"s3://cogs/deep/path/{n}.tif") for n in names]
+        results, _ = _read_all(reads, windows, ReadPolicy(retry=FAST, run_id="s3"), dtypes)
+        for i, name in enumerate(names):
+            for rows, cols in windows:
+                expected, covered = _gdal_window(files / f"{name}.tif", rows, cols, dtypes[i])
+                np.testing.assert_array_equal(results[(i, rows, cols)][0], expected, err_msg=name)
+        # a missing key: HTTP 404 naming the s3 href, never retried
+        missing = _read("missing", "s3://cogs/deep/path/missing.tif")
+        with pytest.raises(ReadFailedError, match="HTTP 404") as caught:
+            _read_all([missing], windows[:1], ReadPolicy(retry=FAST, run_id="s3-missing"), ["uint16"])
+        assert "s3://cogs/deep/path/missing.tif" in str(caught.value) and caught.value.attempts == 1
+        assert collect("s3-missing")["retries"] == {}
+        io = collect("s3")["io"]
+        assert io["header_reads"] == len(names) and io["requests"] > len(names)
+
+
+# ---- requests: bounded in flight, coalesced, each tile once ------------------------------------------------------
+
+
+def test_requests_in_flight_are_bounded_by_the_concurrency(files):
+    names = list(FILES)
+    dtypes = [FILES[n][0] for n in names]
+    with fault_server(files, latency=0.05) as server:
+        reads = [_read(n, f"{server.url}/{n}.tif") for n in names]
+        _read_all(reads, _windows(256, 256), ReadPolicy(retry=FAST, run_id="c3", io_concurrency=3), dtypes)
+        assert 2 <= server.in_flight_peak <= 3
+        server.reset_counts()
+        prefetch.clear_headers()
+        _read_all(reads, _windows(256, 256), ReadPolicy(retry=FAST, run_id="c16", io_concurrency=16), dtypes)
+        assert 3 < server.in_flight_peak <= 16  # the nine headers at once, then the tiles of several windows
+    collect("c3")
+    stats = collect("c16")["io"]
+    assert stats["in_flight_peak"] <= 16 and stats["header_reads"] == len(names)
+
+
+def test_each_tile_is_fetched_once_per_task_in_coalesced_requests(files):
+    """Windows that cut the tiles (as sub-blocks do) still fetch every tile once; a whole-file window of a file
+    whose tiles are contiguous is one request after the header."""
+    name = "u16_zstd_pred2"
+    with rasterio.open(files / f"{name}.tif") as src:
+        pass
+    import tifffile
+
+    with tifffile.TiffFile(files / f"{name}.tif") as tif:
+        page = tif.pages.first
+        tile_bytes = sum(page.databytecounts)
+    with fault_server(files) as server:
+        read = _read(name, f"{server.url}/{name}.tif")
+        _read_all([read], _windows(100, 90), ReadPolicy(retry=FAST, run_id="once"), ["uint16"])
+        data = [(r, s) for _, _, r, s in server.log if not r.startswith("bytes=0-")]
+        fetched = 0
+        for spec, _ in data:
+            start, end = (int(v) for v in spec[len("bytes="):].split("-"))
+            fetched += end - start + 1
+        # every tile once (plus the small gaps between tiles read through)
+        assert tile_bytes <= fetched <= tile_bytes + 64 * 1024 * len(data)
+        server.reset_counts()
+        prefetch.clear_headers()
+        whole = [((ROW0, ROW0 + HEIGHT), (COL0, COL0 + WIDTH))]
+        _read_all([read], whole, ReadPolicy(retry=FAST, run_id="whole"), ["uint16"])
+        assert server.count() == 2  # the header and one range of every tile (GTiff writes them in order)
+    collect("once"), collect("whole")
+
+
+def test_the_buffer_bounds_the_bytes_fetched_ahead(files):
+    """With a small buffer the task never has more than about the buffer fetched ahead of its decoder (plus the
+    tiles of the window it decodes): the prefetcher's own account, checked after every window."""
+    name = "u16_none"  # uncompressed: 256² x 2 bytes = 131 kB a tile
+    with fault_server(files) as server:
+        read = _read(name, f"{server.url}/{name}.tif")
+        policy = ReadPolicy(retry=FAST, run_id="buffer", io_buffer=300_000)
+        windows = _windows(128, 128)
+        with task_reads([[read]], GRID, windows, policy) as session:
+            assert session is not None
+            most = 0
+            for rows, cols in windows:
+                out = np.zeros((rows[1] - rows[0], cols[1] - cols[0]), dtype="uint16")
+                session.read(read, rows, cols, out, None)
+                most = max(most, session.ahead)
+            assert 0 < most <= 300_000 + 4 * 131_072
+    collect("buffer")
+
+
+# ---- faults: as source.retry and on_read_error say ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault, retried", [
+    (Fault("truncate", path="/u16_zstd_pred2.tif", nth={2}), True),
+    (Fault("bad_range", path="/u16_zstd_pred2.tif", nth={2}), True),
+    # aiohttp itself retries a GET once when a reused keep-alive connection is reset (not counted as ours)
+    (Fault("reset", path="/u16_zstd_pred2.tif", nth={2, 3}), False),
+    (Fault("status", path="/u16_zstd_pred2.tif", nth={2}, status=503), True),
+    (Fault("status", path="/u16_zstd_pred2.tif", nth={1}, status=500), True),  # on the header request
+    (Fault("stall", path="/u16_zstd_pred2.tif", nth={2}, seconds=3), True),
+])
+def test_transient_faults_are_retried_and_the_values_are_bit_for_bit(files, fault, retried):
+    name = "u16_zstd_pred2"
+    windows = _windows(400, 500)
+    with fault_server(files, faults=[fault]) as server:
+        read = _read(name, f"{server.url}/{name}.tif")
+        results, _ = _read_all([read], windows, ReadPolicy(retry=FAST, run_id="transient"), ["uint16"])
+        assert server.statuses()[fault.status if fault.kind == "status" else fault.kind] >= (fault.kind != "stall")
+    for rows, cols in windows:
+        np.testing.assert_array_equal(results[(0, rows, cols)][0], _gdal_window(files / f"{name}.tif", rows, cols,
+                                                                               "uint16")[0])
+    retries = collect("transient")["retries"]
+    assert retries == {read.href: 1} if retried else retries in ({}, {read.href: 1})
+
+
+@pytest.mark.parametrize("fault, message, status, attempts", [
+    (Fault("status", path="/u8_lzw.tif", always=True, status=404), "HTTP 404", 404, 1),
+    (Fault("status", path="/u8_lzw.tif", always=True, status=403), "HTTP 403", 403, 1),
+    (Fault("status", path="/u8_lzw.tif", always=True, status=503), "HTTP 503", 503, 4),
+    (Fault("bad_range", path="/u8_lzw.tif", always=True), "wrong Content-Range", None, 4),
+    (Fault("truncate", path="/u8_lzw.tif", always=True, ranged_only=True), "truncated", None, 4),
+])
+def test_failures_name_item_asset_href_and_tries(files, fault, message, status, attempts):
+    with fault_server(files, faults=[fault]) as server:
+        read = _read("u8_lzw", f"{server.url}/u8_lzw.tif")
+        with pytest.raises(ReadFailedError, match=message) as caught:
+            _read_all([read], _windows(400, 500), ReadPolicy(retry=FAST, run_id="fails"), ["uint8"])
+    error = caught.value
+    assert "item 'item-u8_lzw' asset 'band'" in str(error) and read.href in str(error)
+    assert error.status == status and error.attempts == attempts
+    assert (f"gave up after {attempts} tries" in str(error)) == (attempts > 1)
+    collect("fails")
+
+
+@pytest.mark.slow
+def test_a_run_over_http_reports_requests_headers_and_waits_and_equals_the_local_run(sample, tmp_path):
+    """A whole run (2 worker processes) over HTTP with latency: bit for bit the local run; the report's reads.io
+    counts the requests, the header reads (one per file and worker process at most) and the in-flight peak."""
+    import xarray as xr
+    from click.testing import CliRunner
+
+    from conftest import spec_text
+    from http_faults import http_items
+    from rasterflow.cli import cli
+
+    local = tmp_path / "local.yaml"
+    local.write_text(spec_text(sample, output="out/local.zarr"))
+    assert CliRunner().invoke(cli, ["run", str(local)]).exit_code == 0
+    with fault_server(sample.directory, latency=0.02) as server:
+        catalog = http_items(sample, server.url, tmp_path / "items.json")
+        remote = tmp_path / "remote.yaml"
+        remote.write_text(spec_text(sample, catalog=str(catalog), output="out/remote.zarr")
+                          .replace("  assets:", "  io: {concurrency: 8}\n  assets:", 1))
+        result = CliRunner().invoke(cli, ["run", str(remote)])
+        assert result.exit_code == 0, result.output
+        answered = server.count()
+        peak = server.in_flight_peak
+    expected = xr.open_zarr(tmp_path / "out" / "local.zarr")["ndvi"].values
+    np.testing.assert_array_equal(xr.open_zarr(tmp_path / "out" / "remote.zarr")["ndvi"].values, expected)
+    report = json.loads((tmp_path / "out" / "remote.zarr.report.json").read_text())
+    io = report["reads"]["io"]
+    files = report["reads"]["files"]
+    assert files <= io["header_reads"] <= 2 * files  # once per file and worker process
+    # every request the server answered was counted by the workers, but for plan's header probe in the client
+    assert answered - 3 <= io["requests"] <= answered
+    assert 1 <= io["in_flight_peak"] <= 8 and peak <= 2 * 8  # per process: two worker processes
+    assert io["bytes"] > 0 and io["wait_seconds"] >= 0
+    assert report["reads"]["policy"]["io"]["concurrency"] == 8
