@@ -309,6 +309,7 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
     left = ""
     own_report: Path | None = Path(report_path) if report_path else None
     expected: list[str] = []
+    writing = False  # the writer started: from then on the output's folder holds this run's traces (worker log)
     try:
         start, end = window_of(spec.source.stac.datetime, now)
         output_path = _output_path(loaded, render_output_path(spec.output.path, start, end,
@@ -374,6 +375,7 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
                 run_plan, kept = _update_plan(loaded, plan, output_path, files, layout)
                 emit("update", {"kept": [k["path"] for k in kept],
                                 "recomputed": sorted(set(files) - {k["path"] for k in kept})})
+            writing = True
             for leftover in leftover_temp_files(expected):
                 write.common.remove(leftover)  # a killed run's hidden temp file; we hold the lock, so nobody owns it
             result = _execute(loaded, run_plan, output_path, fmt, job_id, report, StageTimer(report.stage_seconds),
@@ -416,9 +418,10 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
         if committed and interrupts.received:
             report.note = (f"{_signal_name(interrupts.received)} arrived after the output was committed; "
                            f"the run finished normally")
-        # a run that wrote nothing (failed, refused or stopped before its output existed) leaves nothing beside
-        # that output: its report goes to <state_dir>/reports/ and its lock file (and the folders made for it) go
-        nothing_there = (not committed and not dry_run and bool(output_path)
+        # a run that stopped before writing (failed, refused or interrupted before its writer started) leaves nothing
+        # beside an output that does not exist: its report goes to <state_dir>/reports/ and its lock file (and the
+        # folders made for it) go
+        nothing_there = (not writing and not committed and not dry_run and bool(output_path)
                          and not write.common.is_remote(output_path) and not _output_exists(output_path, fmt,
                                                                                                expected))
         report_file = _report_destination(own_report, state_dir, spec.name, committed=committed,
