@@ -29,18 +29,61 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["load_spec", "plan", "run"]
 
 
-def load_spec(path: str | os.PathLike, *, variables: Mapping[str, str] | None = None,
+DICT_SPEC_NAME = "<spec dict>"
+"""How a spec given as a mapping (or a :class:`~rasterflow.spec.models.Spec`) is named in messages; its relative
+paths are relative to the working directory."""
+
+
+def load_spec(spec: str | os.PathLike | Mapping[str, Any] | Any, *, variables: Mapping[str, str] | None = None,
               environ: Mapping[str, str] | None = None) -> LoadedSpec:
-    """Read and validate a spec file (``${VAR}`` from ``variables``, then ``environ``, default the environment).
+    """Read and validate a spec (``${VAR}`` from ``variables``, then ``environ``, default the environment).
+
+    ``spec`` is a spec file's path, or the spec itself as a mapping (the YAML's content, e.g. built in an Airflow
+    task) or a :class:`~rasterflow.spec.models.Spec`; a mapping's relative paths are relative to the working
+    directory and its problems are named by field (``<spec dict>: grid.crs: ...``), there being no line to show.
 
     Raises
     ------
     SpecError
         Every problem found, each as ``file:line:col: field: message``.
     """
+    from rasterflow.errors import SpecError
     from rasterflow.spec.loader import load_spec as _load
+    from rasterflow.spec.models import Spec
 
-    return _load(path, variables=variables, environ=environ)
+    if isinstance(spec, Spec):
+        spec = spec.model_dump(mode="json", exclude_unset=True)
+    if isinstance(spec, Mapping):
+        return _load_mapping(spec, variables=variables, environ=environ)
+    if not isinstance(spec, (str, os.PathLike)):
+        raise SpecError(f"a spec is a path to a YAML file, a mapping or a rasterflow Spec, not "
+                        f"{type(spec).__name__}")
+    return _load(spec, variables=variables, environ=environ)
+
+
+def _load_mapping(data: Mapping[str, Any], *, variables: Mapping[str, str] | None,
+                  environ: Mapping[str, str] | None) -> LoadedSpec:
+    """A spec given as a mapping: its YAML text validated as a file would be, positions dropped (they would be the
+    lines of a text the user never saw)."""
+    import dataclasses
+    import json
+
+    import yaml
+
+    from rasterflow.errors import SpecError, SpecIssue
+    from rasterflow.spec.loader import load_spec_text
+
+    try:
+        # through JSON: tuples, Paths and other plain values become what YAML can say
+        text = yaml.safe_dump(json.loads(json.dumps(dict(data), default=str)), sort_keys=False)
+    except (TypeError, ValueError) as err:
+        raise SpecError(f"{DICT_SPEC_NAME}: the spec mapping cannot be written as YAML: {err}") from None
+    try:
+        loaded = load_spec_text(text, path=DICT_SPEC_NAME, variables=variables, environ=environ)
+    except SpecError as err:
+        raise SpecError([SpecIssue(i.path, None, None, i.field, i.message) for i in err.issues]) from None
+    positions = dataclasses.replace(loaded.positions, key_positions={}, value_positions={})
+    return dataclasses.replace(loaded, positions=positions)
 
 
 def _loaded(spec: Any, variables: Mapping[str, str] | None) -> LoadedSpec:
@@ -48,9 +91,18 @@ def _loaded(spec: Any, variables: Mapping[str, str] | None) -> LoadedSpec:
 
     if isinstance(spec, LoadedSpec):
         if variables:
+            if str(spec.path) == DICT_SPEC_NAME:
+                raise_variables_need_source()
             return load_spec(spec.path, variables=variables)
         return spec
     return load_spec(spec, variables=variables)
+
+
+def raise_variables_need_source() -> None:
+    from rasterflow.errors import SpecError
+
+    raise SpecError(f"{DICT_SPEC_NAME}: variables apply when the spec is loaded: pass the mapping itself (with "
+                    f"variables=...) instead of its LoadedSpec")
 
 
 def plan(spec: Any, *, variables: Mapping[str, str] | None = None, now: dt.datetime | None = None) -> JobPlan:
@@ -75,7 +127,8 @@ def run(spec: Any, *, variables: Mapping[str, str] | None = None, overwrite: boo
 
     Parameters
     ----------
-    spec : LoadedSpec or path
+    spec : LoadedSpec, path, mapping or Spec
+        A spec file, or the spec as a mapping / :class:`~rasterflow.spec.models.Spec` (see :func:`load_spec`).
     variables : mapping, optional
         ``${VAR}`` values (a loaded spec is reloaded with them).
     overwrite : bool

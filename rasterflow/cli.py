@@ -39,11 +39,14 @@ def _json_logs() -> bool:
     return _State.log_format == "json"
 
 
-def _fail(message: str, spec: str | None = None) -> None:
+def _fail(message: str, spec: str | None = None, *, error: BaseException | None = None,
+          exit_code: int | None = None) -> None:
+    """An error line (red, stderr); in JSON log mode an ``error`` event with the structured fields of
+    :func:`rasterflow.logs.error_fields` (type, exit_code, file, line, column, field, issues)."""
     if _json_logs():
-        from rasterflow.logs import json_event
+        from rasterflow.logs import error_fields, json_event
 
-        json_event("error", spec, message=message)
+        json_event("error", spec, message=message, **error_fields(error, exit_code))
         return
     click.secho(message, fg="red", err=True)
 
@@ -88,18 +91,19 @@ def _guarded(func: Callable[..., int]) -> Callable[..., None]:
         except RasterflowError as err:
             if _State.debug:
                 raise
-            _fail(str(err))
+            _fail(str(err), error=err)
             code = err.exit_code
         except RunInterrupted as err:
-            _fail(f"interrupted by {err.signal_name}")
+            _fail(f"interrupted by {err.signal_name}", error=err)
             code = err.exit_code
-        except KeyboardInterrupt:
-            _fail("interrupted")
+        except KeyboardInterrupt as err:
+            _fail("interrupted", error=err, exit_code=130)
             code = 130
         except Exception as err:  # an internal error, not the user's: say so and keep the message
             if _State.debug:
                 raise
-            _fail(f"internal error: {type(err).__name__}: {err}\n(rerun with --debug for the traceback)")
+            _fail(f"internal error: {type(err).__name__}: {err}\n(rerun with --debug for the traceback)", error=err,
+                  exit_code=int(ExitCode.RUN_FAILED))
             code = ExitCode.RUN_FAILED
         sys.exit(int(code or 0))
 
@@ -254,13 +258,13 @@ def validate(specs: tuple[str, ...], variables: tuple[str, ...], select: tuple[s
     loaded_specs, broken = _load_selected(specs, _parse_vars(variables), select, exclude)
     worst = ExitCode.OK
     for _path, err in broken:
-        _fail(str(err))
+        _fail(str(err), error=err)
         worst = max(worst, err.exit_code)
     for loaded in loaded_specs:
         try:
             verdict = _static_budget_line(loaded)
         except RasterflowError as err:
-            _fail(str(err))
+            _fail(str(err), error=err)
             worst = max(worst, err.exit_code)
             continue
         click.echo(f"ok   {loaded.path}{verdict}")
@@ -351,7 +355,7 @@ def _plan_text(specs: tuple[str, ...], fix: bool, variables: dict[str, str], sel
     loaded_specs, broken = _load_selected(specs, variables, select, exclude)
     worst = 0
     for _path, err in broken:
-        _fail(str(err))
+        _fail(str(err), error=err)
         worst = max(worst, int(err.exit_code))
     for index, loaded in enumerate(loaded_specs):
         if index:
@@ -361,7 +365,7 @@ def _plan_text(specs: tuple[str, ...], fix: bool, variables: dict[str, str], sel
         except RasterflowError as err:
             if _State.debug:
                 raise
-            _fail(str(err))
+            _fail(str(err), error=err)
             worst = max(worst, int(err.exit_code))
             continue
         _print_plan(loaded, result.plan)
@@ -411,6 +415,8 @@ def _print_plan(loaded: Any, plan: Any) -> None:
             if cost.undeclared_files else ""
         echo(f"  bytes read       about {format_bytes(cost.bytes_read)} decoded from {cost.files:,} files{unknown}")
         echo(f"  wall time        {cost.summary()}")
+        if cost.remote is not None:
+            echo(f"  remote reads     {cost.remote.summary()}")
     echo(f"  workers          {plan.layout.n_workers} x {plan.layout.threads_per_worker} thread(s), "
          f"limit {format_bytes(plan.layout.memory_limit)} each ({plan.layout.source})")
     if loaded.spec.cluster.gdal_cachemax == "auto":
@@ -527,6 +533,10 @@ class _RunView:
             entry = result.to_dict()
             entry.pop("name", None)
             entry["spec_path"] = entry.pop("spec")
+            if result.exit_code != 0:  # where to look: the spec's file and line, the error's type
+                from rasterflow.logs import error_fields
+
+                entry = {**error_fields(result.exception, result.exit_code), **entry}
             json_event("done" if result.exit_code == 0 else "error", self.name, **entry)
             return
         if kind in ("dashboard", "sample", "demo_result", "memory_plot") and _State.verbosity < 1:
@@ -640,7 +650,7 @@ def _run_jobs(jobs: list[tuple[Any, dt.datetime | None]], broken: list[tuple[Pat
     state_dir = (results_path or default_results_path()).parent
     worst = 0
     for spec_path, err in broken:
-        _fail(str(err), spec_path.stem)
+        _fail(str(err), spec_path.stem, error=err)
         worst = max(worst, int(err.exit_code))
         if results is not None:
             results.add({"spec": str(spec_path), "name": None, "status": "invalid", "exit_code": int(err.exit_code),

@@ -487,6 +487,34 @@ def _register_gdal_cache(client: Any, nbytes: int) -> str:
 
 
 @contextmanager
+def _main_not_rerun() -> Iterator[None]:
+    """While rasterflow's worker processes may be spawned, keep multiprocessing from running the main script again in
+    each of them.
+
+    A spawned child runs the parent's ``__main__`` again (as ``__mp_main__``) to find the functions it is sent; a
+    script calling ``rasterflow.run(...)`` without an ``if __name__ == "__main__":`` guard then starts the run again
+    in every worker, which fails ("Nanny failed to start", three tracebacks). rasterflow's workers need nothing from
+    ``__main__`` (the tasks are rasterflow's functions), so for the cluster's lifetime ``__main__`` is presented to
+    multiprocessing as a notebook's is (``__spec__`` named ``__main__``): the children skip it. Put back on exit."""
+    import importlib.machinery
+
+    main = sys.modules.get("__main__")
+    if main is None or (getattr(main, "__file__", None) is None and getattr(main, "__spec__", None) is None):
+        yield  # an interactive session: nothing is re-run anyway
+        return
+    missing = object()
+    previous = main.__dict__.get("__spec__", missing)
+    main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if previous is missing:
+            main.__dict__.pop("__spec__", None)
+        else:
+            main.__spec__ = previous  # type: ignore[assignment]
+
+
+@contextmanager
 def open_cluster(settings: ClusterSettings, layout: WorkerLayout) -> Iterator[ClusterHandle]:
     """Start a LocalCluster sized by ``layout``, or connect to the existing scheduler; yield a :class:`ClusterHandle`.
 
@@ -537,11 +565,18 @@ def open_cluster(settings: ClusterSettings, layout: WorkerLayout) -> Iterator[Cl
 
             rasterio.env.set_gdal_config("GDAL_CACHEMAX", previous_cache)
     else:
-        cluster, client = _start_local(settings, layout)
+        main_guard = _main_not_rerun()
+        main_guard.__enter__()
+        try:
+            cluster, client = _start_local(settings, layout)
+        except BaseException:
+            main_guard.__exit__(None, None, None)
+            raise
         saved = {key: os.environ.get(key) for key in _pre_spawn_keys()}
 
         def restore() -> None:
             _restore_environ(saved)  # a nanny that restarted a killed worker wrote pre-spawn-environ again
+            main_guard.__exit__(None, None, None)
     try:
         yield ClusterHandle(
             client=client,

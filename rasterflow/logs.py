@@ -7,13 +7,14 @@ Event names: ``start``, ``plan``, ``progress``, ``warning``, ``up_to_date``, ``d
 from __future__ import annotations
 
 import json
+import re
 import os
 import sys
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, Iterator, TextIO
 
-__all__ = ["json_event", "worker_log_env", "ProgressEvents"]
+__all__ = ["json_event", "error_fields", "worker_log_env", "ProgressEvents"]
 
 
 def _now() -> str:
@@ -26,6 +27,37 @@ def json_event(event: str, spec: str | None, stream: TextIO | None = None, **fie
     stream = stream or sys.stderr
     stream.write(json.dumps(record, default=str) + "\n")
     stream.flush()
+
+
+_LOCATED = re.compile(r"^(?P<file>[^\n]+?):(?P<line>\d+)(?::(?P<column>\d+))?: (?:(?P<field>[A-Za-z_][\w.\[\]-]*): )?")
+
+
+def error_fields(error: BaseException | None, exit_code: int | None = None) -> dict[str, Any]:
+    """The structured fields of an ``error`` event: ``type``, ``exit_code``, and where the spec is at fault —
+    ``file``, ``line``, ``column``, ``field`` (of the first problem; null when not known) and, for an invalid spec,
+    ``issues`` (every problem with its own position)."""
+    from rasterflow.errors import RasterflowError, SpecError
+
+    code = exit_code
+    if code is None and error is not None:
+        code = int(getattr(error, "exit_code", 1)) if isinstance(error, (RasterflowError, KeyboardInterrupt)) else 1
+    fields: dict[str, Any] = {"type": type(error).__name__ if error is not None else None,
+                              "exit_code": None if code is None else int(code),
+                              "file": None, "line": None, "column": None, "field": None}
+    if isinstance(error, SpecError) and error.issues:
+        issues = [{"file": i.path, "line": i.line, "column": i.column, "field": i.field or None,
+                   "message": i.message} for i in error.issues]
+        first = issues[0]
+        fields.update(file=first["file"], line=first["line"], column=first["column"], field=first["field"],
+                      issues=issues)
+        return fields
+    if error is not None:  # errors of later stages start with the spec's "file:line:col: field: "
+        match = _LOCATED.match(str(error))
+        if match and not match.group("file").startswith(("http:", "https:", "s3:")):
+            fields.update(file=match.group("file"), line=int(match.group("line")),
+                          column=int(match.group("column")) if match.group("column") else None,
+                          field=match.group("field"))
+    return fields
 
 
 class ProgressEvents:
