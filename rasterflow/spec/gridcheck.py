@@ -5,7 +5,8 @@ before anything is planned: the size is computed from the bounds and the resolut
 per pixel or per task. A typo in ``resolution`` (0.001 where 10 was meant) would otherwise make a grid millions of
 pixels wide whose task list the budget cannot even hold.
 
-pyproj is imported inside the functions (it is what ``plan`` and ``run`` load anyway).
+rasterio (GDAL's PROJ) is imported inside the functions, not pyproj: a run loads pyproj only after the compute
+(``rasterflow.georef``, issue 13), and rasterio is what every run loads anyway.
 """
 
 from __future__ import annotations
@@ -28,20 +29,22 @@ exit 3); beyond it the budget could not even list the tasks, so the spec is refu
 
 
 def _known_crs(code: str) -> tuple[Any, str | None]:
-    """pyproj's CRS, or None and why not."""
-    from pyproj import CRS
-    from pyproj.exceptions import CRSError
+    """rasterio's CRS, or None and why not."""
+    import rasterio
+    from rasterio.crs import CRS
+    from rasterio.errors import CRSError
 
     try:
-        return CRS.from_user_input(code), None
+        with rasterio.Env():  # GDAL's messages go to Python's logging, not to stderr
+            return CRS.from_user_input(code), None
     except CRSError as err:
         return None, str(err)
 
 
 def _units(crs: Any) -> str:
     try:
-        unit = crs.axis_info[0].unit_name
-    except (AttributeError, IndexError):  # pragma: no cover - a CRS without axes
+        unit = crs.units_factor[0]
+    except Exception:  # pragma: no cover - a CRS without units
         return "CRS units"
     return {"metre": "metres", "degree": "degrees", "US survey foot": "US survey feet", "foot": "feet"}.get(
         unit, unit or "CRS units")
@@ -67,14 +70,15 @@ def grid_problems(spec: Any) -> list[tuple[tuple[str, ...], str]]:
         minx, miny, maxx, maxy = (float(v) for v in spec.grid.bounds)
         where: tuple[str, ...] = ("grid", "bounds")
     else:
-        from pyproj import Transformer
+        import rasterio
+        from rasterio.warp import transform_bounds
 
         where = ("source", "stac", "bbox")
         try:
-            transformer = Transformer.from_crs("EPSG:4326", crs, always_xy=True)
-            minx, miny, maxx, maxy = transformer.transform_bounds(*(float(v) for v in spec.source.stac.bbox),
-                                                                  densify_pts=21)
-        except Exception as err:  # pyproj's ProjError and friends: the bbox is outside the CRS's area
+            with rasterio.Env():
+                minx, miny, maxx, maxy = transform_bounds("EPSG:4326", crs, *(float(v) for v in spec.source.stac.bbox),
+                                                          densify_pts=21)
+        except Exception as err:  # GDAL's CPLE errors: the bbox is outside the CRS's area
             return [(where, f"cannot project the bbox into {code}: {err}; check the bbox (west, south, east, "
                             f"north in degrees) or set grid.bounds in {code}")]
         if not all(math.isfinite(v) for v in (minx, miny, maxx, maxy)):
@@ -115,6 +119,6 @@ def _likely_resolution(resolution: float, extent_x: float, extent_y: float, unit
 
 def _proj_reason(why: str | None) -> str:
     text = (why or "").strip()
-    if "crs not found" in text:
+    if "crs not found" in text or "unknown" in text.lower():
         return "no such code in the EPSG database"
-    return text.split(": (")[0] if text else "unknown"
+    return text.split(". PROJ:")[0] if text else "unknown"
