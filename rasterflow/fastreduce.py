@@ -34,7 +34,7 @@ is never modified and never copied whole.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -130,6 +130,13 @@ def nanmedian_time(values: np.ndarray, *, native: bool | None = None) -> np.ndar
     flat = out.reshape(-1)
     width = values.shape[2]
     half = values.dtype.type(0.5)
+    # infinities are values: inf + -inf is NaN and a sum near the dtype's maximum overflows to inf, as in np.median
+    with np.errstate(invalid="ignore", over="ignore"):
+        _median_blocks(values, flat, width, half)
+    return out
+
+
+def _median_blocks(values: np.ndarray, flat: np.ndarray, width: int, half: Any) -> None:
     for y0, y1, rows, count in _sorted_blocks(values):
         index = np.arange(rows.shape[0])
         low = rows[index, np.maximum(count - 1, 0) // 2]  # count 0: the row is all NaN, so is the result
@@ -140,7 +147,6 @@ def nanmedian_time(values: np.ndarray, *, native: bool | None = None) -> np.ndar
         np.copyto(target, middle)
         # odd count: the middle element itself (as np.median and bottleneck; no overflow of a + a)
         np.copyto(target, low, where=(count & 1).astype(bool))
-    return out
 
 
 def nanquantile_sorted(values: np.ndarray, quantiles: Sequence[float], *, native: bool | None = None) -> np.ndarray:
@@ -166,9 +172,11 @@ def nanquantile_sorted(values: np.ndarray, quantiles: Sequence[float], *, native
             fraction = position - low  # float64, as NumPy's gamma for an array of quantiles
             below = rows[index, low]
             above = rows[index, high]
-            diff = (above - below).astype(np.float64)  # b - a in the input dtype, then NumPy promotes to gamma's
-            # NumPy's lerp: from below for fraction < 0.5, from above otherwise, in float64, rounded once at the end
-            result = np.where(fraction >= 0.5, above - diff * (1 - fraction), below + diff * fraction)
+            # infinities are values: inf - inf is NaN, as in np.nanquantile
+            with np.errstate(invalid="ignore", over="ignore"):
+                diff = (above - below).astype(np.float64)  # b - a in the input dtype, then NumPy promotes
+                # NumPy's lerp: from below for fraction < 0.5, from above otherwise, in float64, rounded once
+                result = np.where(fraction >= 0.5, above - diff * (1 - fraction), below + diff * fraction)
             result[empty] = np.nan
             flat[q_index, y0 * width:y1 * width] = result
     return out

@@ -57,7 +57,8 @@ def local_machine() -> MachineInfo:
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     for cgroup_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
-            text = open(cgroup_file).read().strip()
+            with open(cgroup_file) as handle:
+                text = handle.read().strip()
         except OSError:
             continue
         if text.isdigit() and 0 < int(text) < memory:

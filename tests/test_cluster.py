@@ -431,6 +431,9 @@ def test_a_wedged_worker_dies_with_its_killed_run(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def test_worker_processes_keep_glibcs_own_allocator_thresholds(local):

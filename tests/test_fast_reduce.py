@@ -219,7 +219,7 @@ def test_native_kernel_is_built_and_checks_its_arguments():
     with pytest.raises(TypeError, match="3-D"):
         _native.nanmedian(values[0], np.empty((5,), np.float32))
     with pytest.raises(TypeError, match="3-D"):
-        _native.nanmedian(values.astype(np.int32), np.empty((4, 5), np.float32))
+        _native.nanmedian(np.zeros(values.shape, np.int32), np.empty((4, 5), np.float32))
     with pytest.raises(ValueError, match="outside"):
         _native.nanquantile(values, [0.5, 1.5], np.empty((2, 4, 5), np.float32))
     out = np.empty((2, 4, 5), np.float32)[:, ::-1]  # not C-contiguous

@@ -226,6 +226,7 @@ def test_sigkill_during_an_s3_zarr_write_leaves_nothing_complete_then_resumes(sa
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        proc.stdout.close()  # the pipe's file: unclosed, a ResourceWarning (an error under filterwarnings)
     # nothing at the final prefix; the staging store says it is unfinished and keeps the finished blocks
     assert _objects(endpoint, "killed/ndvi.zarr/") == {}
     import zarr
@@ -410,6 +411,7 @@ def test_sigkill_during_an_s3_cog_write_uploads_nothing_and_a_rerun_writes_it(sa
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        proc.stdout.close()  # the pipe's file: unclosed, a ResourceWarning (an error under filterwarnings)
     assert _objects(endpoint, "killed-cog/") == {}  # nothing reached the bucket
     assert scratch[0].exists()  # what a SIGKILL leaves: local scratch files only
 
