@@ -18,13 +18,17 @@ from conftest import spec_text
 
 
 def _invoke(*args: str, cwd: Path | None = None):
+    from rasterflow.cli import _State
+
     old = os.getcwd()
+    state = (_State.debug, _State.verbosity, _State.log_format)  # global options outlive one invocation
     if cwd is not None:
         os.chdir(cwd)
     try:
         return CliRunner().invoke(cli, list(args))
     finally:
         os.chdir(old)
+        _State.debug, _State.verbosity, _State.log_format = state
 
 
 def _line_of(path: Path, text: str) -> int:
@@ -265,3 +269,100 @@ def test_memory_plot_fits_the_curves_and_keeps_close_labels_apart(tmp_path):
     assert rows[:3] == [0, 1, 2] and rows[3] == 0  # close labels on their own rows, a far one back on the first
     png = plot_memory(report, tmp_path / "m.png")
     assert png.stat().st_size > 10_000
+
+
+# 4. the Python API in a script without a main guard --------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_api_in_a_plain_script_without_main_guard(tmp_path, sample):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(spec_text(sample, cluster="{n_workers: 1, threads_per_worker: 1, memory_limit: 2GB, "
+                                              "processes: true}"))
+    script = tmp_path / "job.py"
+    script.write_text(f"import rasterflow\nresult = rasterflow.run({str(spec)!r})\nprint('STATUS', result.status)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("STATUS ok") == 1  # the workers did not run the script again
+    assert "Traceback" not in done.stderr and "Nanny failed" not in done.stderr
+    assert "__spec__" not in done.stderr
+
+
+# 9. the API takes a mapping or a Spec; JSON error events are structured -------------------------------------------
+
+
+def test_api_takes_a_mapping_and_a_spec(tmp_path, sample, monkeypatch):
+    import yaml
+
+    import rasterflow
+    from rasterflow.errors import SpecError
+
+    monkeypatch.chdir(tmp_path)
+    data = yaml.safe_load(spec_text(sample))
+    job = rasterflow.plan(data)
+    assert job.grid.shape == (256, 256) and len(job.items) == 8
+    loaded = rasterflow.load_spec(data)
+    again = rasterflow.load_spec(loaded.spec)
+    assert again.spec == loaded.spec
+    assert rasterflow.plan(loaded.spec).grid == job.grid
+    data["grid"]["crs"] = "EPSG:326333"
+    with pytest.raises(SpecError, match=r"^<spec dict>: grid\.crs: EPSG:326333"):
+        rasterflow.load_spec(data)
+    with pytest.raises(SpecError, match="a path to a YAML file, a mapping or a rasterflow Spec"):
+        rasterflow.run(42)
+
+
+def _json_errors(output: str) -> list[dict]:
+    events = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    return [e for e in events if e["event"] == "error"]
+
+
+def test_json_error_events_carry_file_line_and_exit_code(tmp_path, sample):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(spec_text(sample).replace("EPSG:32633", "EPSG:326333"))
+    result = _invoke("--log-format", "json", "validate", str(spec))
+    (event,) = _json_errors(result.output)
+    assert event["exit_code"] == 2 and event["type"] == "SpecError"
+    assert (event["file"], event["line"], event["field"]) == (str(spec), _line_of(spec, "EPSG:326333"), "grid.crs")
+    assert event["issues"][0]["line"] == event["line"]
+
+    missing = tmp_path / "missing.yaml"
+    missing.write_text(spec_text(sample, catalog="nope.json"))
+    result = _invoke("--log-format", "json", "run", str(missing), cwd=tmp_path)
+    assert result.exit_code == 1
+    (event,) = _json_errors(result.output)
+    assert event["exit_code"] == 1 and event["type"] == "CatalogError"
+    assert (event["file"], event["line"], event["field"]) == (str(missing), _line_of(missing, "catalog:"),
+                                                               "source.stac.catalog")
+
+
+# 10. warnings are errors ----------------------------------------------------------------------------------------
+
+
+def test_warnings_are_errors_in_the_test_configuration():
+    import tomllib
+
+    config = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    filters = config["tool"]["pytest"]["ini_options"]["filterwarnings"]
+    assert filters[0] == "error"
+    assert all(f.startswith("ignore:") and f.count(":") >= 3 for f in filters[1:])  # each names its module
+
+
+def test_our_code_warns_nothing_where_it_used_to():
+    import gc
+    import warnings
+
+    import numpy as np
+
+    from rasterflow.fastreduce import nanmedian_time, nanquantile_sorted
+    from rasterflow.sizing import local_machine
+
+    values = np.array([[[np.inf, 1.0]], [[-np.inf, np.nan]], [[np.inf, 3.0]], [[-np.inf, 5.0]]], np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        local_machine()
+        gc.collect()
+        median = nanmedian_time(values, native=False)
+        nanquantile_sorted(values, [0.25, 0.5], native=False)
+    assert [str(w.message) for w in caught] == []
+    assert np.isnan(median[0, 0]) and median[0, 1] == 3.0  # inf + -inf is NaN, as np.nanmedian says (warning)
