@@ -274,11 +274,44 @@ VSI_CACHE_BYTES = VSI_CACHE_SIZE
 
 def open_file_bytes(inputs: BudgetInputs) -> int:
     """What one open source file keeps per worker thread (:data:`LOCAL_FILE_BYTES_BY_CODEC`, plus the VSI cache
-    for remote files)."""
+    for remote files; :data:`REMOTE_HEADER_BYTES` for files the concurrent reader reads)."""
+    if inputs.remote_fetch:
+        return REMOTE_HEADER_BYTES
     local = LOCAL_FILE_BYTES_BY_CODEC.get((inputs.source_codec or "").upper(), LOCAL_FILE_BYTES)
     if inputs.local_files:
         return TILE_DECODED_FILE_BYTES if inputs.tile_decoder else local
     return OPEN_FILE_BYTES if inputs.source_codec is None else local + VSI_CACHE_BYTES
+
+
+REMOTE_HEADER_BYTES = 20 * 10**3
+"""A remote file's parsed header in the concurrent reader's per-process cache (tile offsets and byte counts, 16
+bytes a tile: 8 kB for a 10980² COG in 512² tiles, plus tifffile's objects)."""
+
+REMOTE_CLIENT_BYTES = 25 * 10**6
+"""The concurrent reader's client in a process: aiohttp and obstore imported (10.5 MB), the event loop's thread,
+its connections and their buffers (13 MB with 64 range requests of 64 kB answered), measured 2026-12-05."""
+
+
+def remote_io_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
+    """Compressed tiles one task of the concurrent remote reader holds: ``source.io.buffer`` fetched ahead of its
+    decoder, plus the tiles its current window shares with later windows (sub-blocks that cut the source tiles: a
+    tile is fetched once per task and kept until its last window is decoded), for every file of the chunk. 0 when
+    the job's files are not read that way."""
+    if not inputs.remote_fetch:
+        return 0
+    rows, cols = sub_block(shape, inputs)
+    held = 0
+    if (rows, cols) != (0, 0):
+        tile_y, tile_x = inputs.source_tile or (rows, cols)
+        depth = inputs.depth()
+        files = depth.files if depth is not None else (inputs.files_per_chunk
+                                                       or inputs.n_time * len(shape.assets_loaded))
+        bpp = inputs.source_bytes_per_pixel
+        if bpp is None:
+            bpp = float(max(inputs.load_itemsizes(len(shape.assets_loaded)), default=2))
+        tiles_down, tiles_across = -(-rows // tile_y), -(-cols // tile_x)
+        held = int(files * tiles_down * tiles_across * tile_y * tile_x * bpp)
+    return inputs.io_buffer + held
 
 
 MAX_OPEN_PER_THREAD = 512
@@ -450,6 +483,13 @@ class BudgetInputs:
     warped: bool = False
     """Some source is read through a warp (another CRS or resolution than the grid): GDAL's cache then holds the
     warped blocks beside the source blocks they come from, and fills to ``gdal_cachemax``."""
+    remote_fetch: bool = False
+    """Every source file is remote and read by the concurrent reader (:mod:`rasterflow.read.prefetch`): no GDAL
+    dataset is opened, the task holds compressed tiles instead (:func:`remote_io_bytes`)."""
+    io_buffer: int = 32 * 1024 * 1024
+    """``source.io.buffer``: compressed bytes one task fetches ahead of its decoder."""
+    source_bytes_per_pixel: float | None = None
+    """Compressed bytes per source pixel (the probed file's tiles); None = the load dtype's size (no compression)."""
     chunk_depth: Callable[[int, int], ChunkDepth] | None = field(default=None, compare=False, repr=False)
     """``(chunk_y, chunk_x) -> ChunkDepth`` from the plan's chunk index: a task holds only the items whose files
     meet its chunk; None = every item meets every chunk (the static check)."""
@@ -573,6 +613,9 @@ class BudgetReport:
     """What the static check assumed (load dtype, time length), for the verdict line."""
     held_bytes: int = 0
     """Included in ``tasks_bytes``: blocks and partials a worker holds between tasks (tree and series paths)."""
+    io_bytes: int = 0
+    """The concurrent remote reader in one worker: its client and, per running task, the compressed tiles fetched
+    ahead and held (:func:`remote_io_bytes`)."""
     sub_block: tuple[int, int] = (0, 0)
     """``(rows, cols)`` of the sub-blocks a fused task reduces its chunk in (:func:`sub_block`); ``(0, 0)`` = the
     whole chunk at once."""
@@ -597,7 +640,9 @@ class BudgetReport:
             f"(largest {format_bytes(self.peak_task_bytes)}, {self.worst_stage.stage}"
             + (f"; {format_bytes(self.held_bytes)} held between tasks" if self.held_bytes else "") + ") + "
             f"{format_bytes(self.open_files_bytes)} open files × {n} + {format_bytes(self.gdal_cache_bytes)} GDAL cache"
-            f" + {format_bytes(self.baseline_bytes)} baseline = {format_bytes(self.peak_per_worker)}"
+            + (f" + {format_bytes(self.io_bytes)} remote reads (client, tiles fetched ahead and held)"
+               if self.io_bytes else "")
+            + f" + {format_bytes(self.baseline_bytes)} baseline = {format_bytes(self.peak_per_worker)}"
         )
 
     @property
@@ -1112,7 +1157,8 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
     files = open_files_bytes(shape, inputs)
     cache = gdal_cache_bytes(shape, inputs)
     baseline = baseline_bytes(inputs)
-    peak_worker = tasks_bytes + files * n + cache + baseline
+    io = remote_io_bytes(shape, inputs) * n + (REMOTE_CLIENT_BYTES if inputs.remote_fetch else 0)
+    peak_worker = tasks_bytes + files * n + cache + io + baseline
     client = client_peak_bytes(shape, inputs)
     allowed = int(inputs.max_fraction * inputs.memory_limit)
     refusals: list[str] = []
@@ -1123,7 +1169,9 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
             f"over budget: the {worst.stage} stage holds {worst.planes:g} planes of "
             f"{_plane_words(inputs)} = {format_bytes(worst.bytes_per_task)} per task; "
             f"{format_bytes(tasks_bytes)} for {n} task(s) at once + {format_bytes(files)} open files × {n} + "
-            f"{format_bytes(cache)} GDAL cache + {format_bytes(baseline)} baseline = "
+            f"{format_bytes(cache)} GDAL cache + "
+            + (f"{format_bytes(io)} remote reads (source.io.buffer and the tiles the tasks hold) + " if io else "")
+            + f"{format_bytes(baseline)} baseline = "
             f"{format_bytes(peak_worker)} per worker, more than {inputs.max_fraction:g} × "
             f"{format_bytes(inputs.memory_limit)} limit = {format_bytes(allowed)}"
         )
@@ -1191,6 +1239,7 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
         assumptions=_assumptions(inputs),
         held_bytes=held,
         sub_block=sub_block(shape, inputs),
+        io_bytes=io,
     )
 
 

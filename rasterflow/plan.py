@@ -14,9 +14,11 @@ from rasterflow import budget
 from rasterflow.errors import SpecError, SpecIssue
 from rasterflow.kernels import Program, absent_is_nan, group_indices, period_labels, solar_day_steps
 from rasterflow.read import tiles
+from rasterflow.read.policy import io_concurrency
 from rasterflow.read.remote import is_remote
 from rasterflow.sources import FileHeader, MissingAsset, SourceTable, gc_paused, missing_assets, resolve_sources
 from rasterflow.sizing import WorkerLayout, local_machine, size_local_run
+from rasterflow.units import format_bytes
 
 __all__ = [
     "ChunkIndex", "GridPlan", "JobCost", "JobPlan", "build_chunk_index", "tiles_on_chunk_edges", "job_cost", "resolve_grid", "local_layout", "budget_inputs", "make_plan", "static_check",
@@ -62,6 +64,41 @@ SCHEDULER_SECONDS_PER_TASK = 1e-3
 
 
 @dataclass(frozen=True)
+class RemoteProbe:
+    """What ``plan`` measured of a remote source through the concurrent reader (one header request)."""
+
+    round_trip: float
+    """Seconds one request of 64 kB took (the first byte's latency, and the connection's set-up)."""
+    bytes_per_pixel: float | None
+    """The probed file's compressed tiles per pixel."""
+    decodable: bool
+    """The file is one the concurrent reader decodes itself (else GDAL reads it)."""
+
+
+@dataclass(frozen=True)
+class RemoteCost:
+    """The remote reads of a job: requests, compressed bytes, and the time spent waiting on the network."""
+
+    files: int
+    requests: int
+    """Header reads (one per file and worker process) plus one range request per file, chunk and column of
+    sub-blocks and run of adjacent tiles (an estimate from the chunk index and the tiling)."""
+    bytes: int
+    """Compressed bytes of the tiles the chunks need (the probed file's ratio; uncompressed when unknown)."""
+    round_trip: float | None
+    concurrency: int
+    processes: int
+    network_seconds: float
+    """``requests x round trip / (concurrency x processes)``: the waiting that overlaps with compute."""
+
+    def summary(self) -> str:
+        rtt = f"{self.round_trip * 1000:.0f} ms measured" if self.round_trip else "round trip not measured"
+        return (f"~{self.requests:,} requests for {format_bytes(self.bytes)} from {self.files:,} files ({rtt}, "
+                f"{self.concurrency} in flight per process x {self.processes}): ~{_duration(self.network_seconds)} "
+                "of waiting, overlapped with compute")
+
+
+@dataclass(frozen=True)
 class JobCost:
     """What the tasks read and about how long they take, from the items' declared grids (no file is opened)."""
 
@@ -80,8 +117,10 @@ class JobCost:
     seconds_per_chunk: float
     """The average spatial chunk's decoded pixels at :data:`DECODED_PX_PER_SECOND_PER_THREAD`, on one thread."""
     wall_seconds: float
-    """``max(chunks × seconds_per_chunk / threads, tasks × scheduler cost) + startup``: an estimate, not a promise
-    (remote reads, other kernels and busy machines are slower)."""
+    """``max(chunks × seconds_per_chunk / threads, tasks × scheduler cost, network) + startup``: an estimate, not a
+    promise (other kernels and busy machines are slower)."""
+    remote: RemoteCost | None = None
+    """The network side, when the files are remote and read by the concurrent reader."""
 
     def summary(self) -> str:
         return (f"~{_duration(self.wall_seconds)}: {self.spatial_chunks:,} chunks × {self.seconds_per_chunk:.2g} s "
@@ -100,9 +139,12 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-def job_cost(sources: SourceTable, grid: GridPlan, report: budget.BudgetReport, layout: WorkerLayout) -> JobCost:
+def job_cost(sources: SourceTable, grid: GridPlan, report: budget.BudgetReport, layout: WorkerLayout,
+             index: ChunkIndex | None = None, probe: RemoteProbe | None = None,
+             concurrency: int = 32) -> JobCost:
     """Bytes the tasks read and the estimated wall time: each file's footprint on the grid (without the resampling
-    margin) in its own pixels and data type; the time from the measured per-thread rate."""
+    margin) in its own pixels and data type; the time from the measured per-thread rate; for remote files read by
+    the concurrent reader, the requests and the waiting (:class:`RemoteCost`)."""
     from rasterflow.units import dtype_itemsize
 
     height, width = grid.shape
@@ -140,10 +182,38 @@ def job_cost(sources: SourceTable, grid: GridPlan, report: budget.BudgetReport, 
     threads = max(1, layout.n_workers * layout.threads_per_worker)
     per_chunk = pixels / chunks / DECODED_PX_PER_SECOND_PER_THREAD if chunks else 0.0
     compute = chunks * per_chunk / threads
-    wall = max(compute, report.task_count * SCHEDULER_SECONDS_PER_TASK) + STARTUP_SECONDS
+    remote = remote_cost(sources, report, layout, index, probe, files, pixels, nbytes, concurrency) \
+        if inputs.remote_fetch else None
+    network = remote.network_seconds if remote is not None else 0.0
+    wall = max(compute, report.task_count * SCHEDULER_SECONDS_PER_TASK, network) + STARTUP_SECONDS
     return JobCost(files=files, pixels_read=pixels, bytes_read=nbytes, undeclared_files=undeclared,
                    spatial_chunks=chunks, tasks=report.task_count, threads=threads, seconds_per_chunk=per_chunk,
-                   wall_seconds=wall)
+                   wall_seconds=wall, remote=remote)
+
+
+def remote_cost(sources: SourceTable, report: budget.BudgetReport, layout: WorkerLayout, index: ChunkIndex | None,
+                probe: RemoteProbe | None, files: int, pixels: int, nbytes: int, concurrency: int) -> RemoteCost:
+    """The requests of the concurrent reader: a header per file and worker process, then per file and chunk one
+    request per row of tiles the chunk spans and per column of sub-blocks (a sub-block column one tile wide fetches
+    its tiles apart from its neighbour's); the waiting if ``concurrency`` requests are in flight per process."""
+    inputs = report.inputs
+    processes = max(1, layout.n_workers if layout.processes else 1)
+    tile_y, tile_x = inputs.source_tile or (inputs.chunk_yx[0], inputs.chunk_yx[1])
+    chunk_y, chunk_x = inputs.chunk_yx
+    rows, cols = report.sub_block
+    columns = -(-chunk_x // cols) if cols else 1
+    per_file_chunk = (-(-chunk_y // tile_y)) * max(1, min(columns, -(-chunk_x // tile_x)))
+    n_assets = max(1, len(sources.assets))
+    if index is not None:
+        file_chunks = int(index.offsets[-1]) * n_assets
+    else:
+        file_chunks = files * inputs.n_spatial_chunks
+    requests = min(files, files * processes) + file_chunks * per_file_chunk
+    compressed = int(pixels * probe.bytes_per_pixel) if probe is not None and probe.bytes_per_pixel else nbytes
+    rtt = probe.round_trip if probe is not None else None
+    network = requests * (rtt or 0.0) / (max(1, concurrency) * processes)
+    return RemoteCost(files=files, requests=requests, bytes=compressed, round_trip=rtt, concurrency=concurrency,
+                      processes=processes, network_seconds=network)
 
 
 MAX_RECOUNT_CHUNKS = 4_000_000
@@ -408,6 +478,8 @@ class JobPlan:
     """Bytes read and the estimated wall time (None for a static plan)."""
     chunk_index: ChunkIndex | None = None
     """Per spatial chunk, the items whose files meet it (None for a static plan)."""
+    round_trip: float | None = None
+    """Seconds of the remote header probe (``source.io.concurrency: auto`` follows it); None when not measured."""
 
     @property
     def gdal_cachemax(self) -> int:
@@ -517,7 +589,8 @@ def budget_inputs(spec: Any, grid: GridPlan, layout: WorkerLayout, n_items: int 
 
 def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerLayout | None = None,
               source_tile: tuple[int, int] | None = None,
-              headers: Mapping[str, FileHeader] | None = None, source_codec: str | None = None) -> JobPlan:
+              headers: Mapping[str, FileHeader] | None = None, source_codec: str | None = None,
+              remote: RemoteProbe | None = None) -> JobPlan:
     """Resolve grid, layout and budget (with fixes when refused). Pure: the caller did the search, the cluster
     query and (optionally) read file headers: one file's tile shape, and ``headers`` for assets whose items declare
     no data type (see :func:`rasterflow.sources.resolve_sources`)."""
@@ -552,6 +625,11 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
             inputs = budget.dataclasses_replace(inputs, tile_decoder=True)
         if any(not read.direct for reads in sources.reads for read in reads if read is not None):
             inputs = budget.dataclasses_replace(inputs, warped=True)
+        elif remote_fetch(spec, sources, source_codec, source_tile, remote):
+            # remote files the concurrent reader decodes itself: no GDAL dataset, compressed tiles in the tasks
+            inputs = budget.dataclasses_replace(
+                inputs, remote_fetch=True, tile_decoder=True, io_buffer=spec.source.io.buffer_bytes,
+                source_bytes_per_pixel=remote.bytes_per_pixel if remote is not None else None)
         report = budget.estimate(shape, inputs, on_exceed=spec.budget.on_exceed)
     else:
         report = budget.static_estimate(shape, inputs, on_exceed=spec.budget.on_exceed)
@@ -577,8 +655,25 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
         program=program, times=times, period_labels=labels,
         quantile_dim=spec.reduce is not None and isinstance(spec.reduce.q, list), name=spec.name,
         resampling=spec.grid.resampling, expressions=tuple(spec.bands.items()),
-        cost=None if sources is None else job_cost(sources, grid, report, layout), chunk_index=index,
+        cost=None if sources is None else job_cost(sources, grid, report, layout, index, remote,
+                                                    io_concurrency(spec.source.io.concurrency,
+                                                                   remote.round_trip if remote else None)),
+        chunk_index=index, round_trip=remote.round_trip if remote is not None else None,
     )
+
+
+def remote_fetch(spec: Any, sources: SourceTable, codec: str | None, tile: tuple[int, int] | None,
+                 probe: RemoteProbe | None) -> bool:
+    """Whether every read of the job goes through the concurrent remote reader: all files remote over a scheme it
+    speaks, on the output grid, ``source.io.reader: auto``, and the probed file one it decodes (its codec and
+    tiling, as :func:`rasterflow.read.tiles.decodes` says for local files)."""
+    from rasterflow.read.fetch import supported
+
+    if spec.source.io.reader == "gdal" or (probe is not None and not probe.decodable):
+        return False
+    reads = [read for reads in sources.reads for read in reads if read is not None]
+    return bool(reads) and all(supported(read.href) and read.direct for read in reads) \
+        and tiles.decodes(codec, tile)
 
 
 def tiles_on_chunk_edges(sources: SourceTable, grid: GridPlan, source_tile: tuple[int, int],

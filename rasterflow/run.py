@@ -123,18 +123,51 @@ def plan_with_items(loaded: Any, items: list[dict], layout: Any) -> JobPlan:
     plan = make_plan(spec, items=items, layout=layout, headers=headers)
     check_items(loaded, plan)
     header = None
+    probed = None
     if keys and items:
         # the tile shape is only advice: one try, a short timeout (a server that never answers held plan for
         # 488 s with the run's retries; tests/test_plan_scale.py)
         from dataclasses import replace
 
-        advice = header_reader(replace(policy, retry=replace(policy.retry, attempts=1,
-                                                             timeout=min(policy.retry.timeout, ADVICE_TIMEOUT))))
-        header = headers[keys[0]] if keys[0] in headers else source_header(items[:1], keys[0], advice)
+        quick = replace(policy, retry=replace(policy.retry, attempts=1, timeout=min(policy.retry.timeout,
+                                                                                     ADVICE_TIMEOUT)))
+        remote = remote_probe(items[0], keys[0], quick, spec.source.io.reader)
+        if remote is not None:
+            header, probed = remote
+        else:
+            advice = header_reader(quick)
+            header = headers[keys[0]] if keys[0] in headers else source_header(items[:1], keys[0], advice)
     if header is None or (header.tile_shape is None and header.compression is None):
         return plan
     return make_plan(spec, items=items, layout=layout, source_tile=header.tile_shape, headers=headers,
-                     source_codec=header.compression)
+                     source_codec=header.compression, remote=probed)
+
+
+def remote_probe(item: dict, key: str, policy: Any, reader: str) -> tuple[Any, Any] | None:
+    """For a remote first file the concurrent reader reads (http(s), s3): its header through that reader, timed
+    -> ``(FileHeader, RemoteProbe)``; None when the file is local, left to GDAL or did not answer (then GDAL's
+    header read gives the advice, and nothing is said of the network)."""
+    from rasterflow.plan import RemoteProbe
+    from rasterflow.sources import AssetRead, FileHeader
+
+    href = str(((item.get("assets") or {}).get(key) or {}).get("href") or "")
+    from rasterflow.read.fetch import supported
+
+    if reader == "gdal" or not supported(href):
+        return None
+    from rasterflow.read.prefetch import probe
+
+    read = AssetRead(item_id=str(item.get("id")), name=key, key=key, href=href, data_type=None, nodata=None,
+                     scale=1.0, offset=0.0, crs=None, transform=None, shape=None, band_count=None, footprint=None,
+                     direct=False)
+    parsed, seconds = probe(read, policy)
+    if parsed is None or parsed.facts is None:
+        return None
+    facts = parsed.facts
+    header = FileHeader(href=href, data_type=facts.dtype, nodata=facts.nodata, band_count=facts.count,
+                        tile_shape=facts.tile_shape, compression=facts.codec)
+    return header, RemoteProbe(round_trip=seconds, bytes_per_pixel=facts.compressed_bytes_per_pixel,
+                               decodable=parsed.index is not None)
 
 
 def search(loaded: Any, now: dt.datetime | None = None) -> list[dict]:
@@ -674,7 +707,8 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
         stack.callback(report.record_memory, sampler)  # kept when the run fails or is interrupted (issue 10)
         from rasterflow.read.policy import job_hrefs, policy_from_spec, read_monitor  # issue 9: retries, failures
 
-        reads = stack.enter_context(read_monitor(handle.client, policy_from_spec(spec.source, job_hrefs(plan)),
+        reads = stack.enter_context(read_monitor(handle.client, policy_from_spec(spec.source, job_hrefs(plan),
+                                                                                 plan.round_trip),
                                                  job_hrefs(plan), report))
         with sampler:
             timer.on_start = sampler.mark

@@ -105,12 +105,14 @@ def test_fault_server_serves_ranges_and_injects_faults_deterministically(sample)
         with pytest.raises(urllib.error.HTTPError) as caught:
             urllib.request.urlopen(server.url + path)
         assert caught.value.code == 503 and caught.value.headers["Retry-After"] == "3"
+        caught.value.close()  # an HTTPError holds its answer's socket
         with urllib.request.urlopen(server.url + path) as answer:  # the 3rd request: no fault
             assert answer.read() == data
         assert server.count(path) == 3 and server.statuses(path) == {206: 1, 503: 1, 200: 1}
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(server.url + "/nothing.tif")
         assert missing.value.code == 404
+        missing.value.close()
     # the same seed picks the same requests, whatever the timing
     fired = [Fault("status", fraction=0.3, seed=5).fires("GET", "/x/nir.tif", n, False) for n in range(1, 201)]
     again = [Fault("status", fraction=0.3, seed=5).fires("GET", "/x/nir.tif", n, False) for n in range(1, 201)]

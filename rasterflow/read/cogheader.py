@@ -39,6 +39,12 @@ class FileFacts:
     width: int
     transform: tuple[float, float, float, float, float, float] | None
     nodata: float | None
+    tile_shape: tuple[int, int] | None = None
+    """``(rows, cols)`` of the tiles, None for a striped file."""
+    codec: str | None = None
+    """The codec as GDAL names it (``ZSTD``, ``DEFLATE``, ``LZW``, ``NONE``...)."""
+    compressed_bytes_per_pixel: float | None = None
+    """The full-resolution image's tiles, in bytes per pixel (what a read of it costs on the network)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,7 +120,7 @@ def parse_header(href: str, first: bytes, size: int | None, fetch: Callable[[int
 
     handle = _RangeFile(first, size, fetch)
     try:
-        with tifffile.TiffFile(handle, name=href.rsplit("/", 1)[-1] or "remote.tif") as tif:
+        with tifffile.TiffFile(handle, name=href.rsplit("/", 1)[-1] or "remote.tif") as tif:  # type: ignore[arg-type]
             page = tif.pages.first
             facts = _facts(tif, page)
             index = page_index(tif, href)
@@ -144,9 +150,16 @@ def _facts(tif: Any, page: Any) -> FileFacts:
         except ValueError:
             nodata = None
     crs, transform = _georeference(tif, page)
+    from rasterflow.read.tiles import LOSSLESS_CODECS
+
+    codes = {7: "JPEG", 34887: "LERC", 50001: "WEBP", 32773: "PACKBITS", 34925: "LZMA", 50002: "JXL"}
+    codec = LOSSLESS_CODECS.get(int(page.compression)) or codes.get(int(page.compression)) or str(page.compression)
+    pixels = int(page.imagelength) * int(page.imagewidth)
+    packed = sum(int(n) for n in page.databytecounts) / pixels if pixels else None
     return FileFacts(count=count, dtype=str(np.dtype(page.dtype)) if page.dtype is not None else "",
                      crs=crs, height=int(page.imagelength), width=int(page.imagewidth), transform=transform,
-                     nodata=nodata)
+                     nodata=nodata, tile_shape=(int(page.tilelength), int(page.tilewidth)) if page.is_tiled else None,
+                     codec=codec, compressed_bytes_per_pixel=packed)
 
 
 def _georeference(tif: Any, page: Any) -> tuple[str | None, tuple[float, float, float, float, float, float] | None]:

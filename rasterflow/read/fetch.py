@@ -255,21 +255,27 @@ class RangeClient:
         return Answer(data, size)
 
     def _store(self, bucket: str, policy: RetryPolicy) -> Any:
-        store = self._stores.get(bucket)
+        """The bucket's store, for the environment as it is now (a changed endpoint or credentials make a new
+        one: a long-lived worker may serve runs with different settings)."""
+        config = s3_config()
+        key = repr((bucket, sorted(config.items()), policy.timeout))
+        store = self._stores.get(key)
         if store is None:
             from datetime import timedelta
 
             from obstore.store import S3Store
 
-            config = s3_config()
             client_options: dict[str, Any] = {"timeout": timedelta(seconds=policy.timeout),
                                               "connect_timeout": timedelta(seconds=min(policy.timeout, 10.0))}
             if str(config.get("endpoint", "")).startswith("http://"):
                 client_options["allow_http"] = True
             # rasterflow retries (counted, reported): the store's own retries would hide the failures
-            store = self._stores[bucket] = S3Store(bucket, config=config, client_options=client_options,
-                                                   retry_config={"max_retries": 0,
-                                                                 "retry_timeout": timedelta(seconds=1)})
+            store = S3Store(bucket, config=config,  # type: ignore[arg-type]
+                            client_options=client_options,  # type: ignore[arg-type]
+                            retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=1)})
+            if len(self._stores) > 64:
+                self._stores.clear()
+            self._stores[key] = store
         return store
 
 

@@ -28,20 +28,20 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from rasterflow.read.cogheader import HEADER_BYTES, RemoteTiff, parse_header
 from rasterflow.read.datasets import check_facts, signed_href
-from rasterflow.read.fetch import client, supported
-from rasterflow.read.policy import ReadPolicy, failed_before, record_io, record_retry
+from rasterflow.read.fetch import RangeClient, client, supported
+from rasterflow.read.policy import ReadPolicy, collect, failed_before, record_io, record_retry
 from rasterflow.read.remote import ReadFailedError
 from rasterflow.read.tiles import decoder_available, place_tile, window_tiles
 from rasterflow.sources import AssetRead, grid_offset
 
-__all__ = ["TaskReads", "task_reads", "active", "headers", "MAX_GAP", "MAX_REQUEST", "MAX_HEADERS",
+__all__ = ["TaskReads", "task_reads", "active", "headers", "probe", "MAX_GAP", "MAX_REQUEST", "MAX_HEADERS",
            "clear_headers"]
 
 MAX_GAP = 64 * 1024
@@ -127,6 +127,30 @@ def headers(reads: Sequence[AssetRead], policy: ReadPolicy) -> dict[str, RemoteT
     return found
 
 
+def probe(read: AssetRead, policy: ReadPolicy) -> tuple[RemoteTiff | None, float]:
+    """One file's header through the concurrent reader, and the round trip of one small request on the connection
+    it opened (what ``plan`` estimates the network time from, and ``source.io.concurrency: auto`` follows; the
+    first request also pays the client's start and the connection's set-up). ``(None, seconds)`` when the header
+    could not be read; nothing is cached or counted for the run."""
+    probe_policy = replace(policy, run_id=f"probe-{policy.run_id}")
+    started = time.perf_counter()
+    parsed = headers([read], probe_policy)
+    seconds = time.perf_counter() - started
+    header = parsed.get(read.href)
+    if isinstance(header, RemoteTiff):
+        started = time.perf_counter()
+        try:
+            client(policy.io_concurrency).submit(read.href, signed_href(read, policy), [(0, 1024)], policy.retry,
+                                                 probe_policy.run_id, header=True).result()
+            seconds = min(seconds, time.perf_counter() - started)
+        except ReadFailedError:
+            pass
+    with _HEADERS_LOCK:
+        _HEADERS.pop((probe_policy.run_id, read.href), None)
+    collect(probe_policy.run_id)  # the probe's statistics are not the run's
+    return (header if isinstance(header, RemoteTiff) else None), seconds
+
+
 def _counting(policy: ReadPolicy, href: str) -> Any:
     return lambda: record_retry(policy, href)
 
@@ -185,7 +209,7 @@ class TaskReads:
         self.cursor = 0
         self.next_issue = 0
         self.ahead = 0
-        self.fetcher = None
+        self.fetcher: RangeClient | None = None
         self._plan(reads_by_item, windows)
 
     # ---- planning the task's fetches -------------------------------------------------------------------------
@@ -224,9 +248,10 @@ class TaskReads:
         self.fetcher = client(policy.io_concurrency)
         for rows, cols in windows:
             for item in reads_by_item:
-                for read in item:
-                    if read is None or read.href not in usable:
+                for maybe in item:
+                    if maybe is None or maybe.href not in usable:
                         continue
+                    read = maybe
                     header, direct = usable[read.href]
                     index = header.index
                     assert index is not None
