@@ -348,3 +348,34 @@ def test_a_run_over_http_reports_requests_headers_and_waits_and_equals_the_local
     assert 1 <= io["in_flight_peak"] <= 8 and peak <= 2 * 8  # per process: two worker processes
     assert io["bytes"] > 0 and io["wait_seconds"] >= 0
     assert report["reads"]["policy"]["io"]["concurrency"] == 8
+
+
+@pytest.mark.slow
+def test_the_budget_bounds_the_compressed_bytes_a_task_holds(sample, tmp_path):
+    """The budget's remote-read term per task (source.io.buffer + the tiles later sub-blocks share) against the
+    most compressed bytes a real task held, measured by the reader: never more, and the buffer really used."""
+    from click.testing import CliRunner
+
+    from conftest import spec_text
+    from http_faults import http_items
+    from rasterflow import budget
+    from rasterflow.cli import cli
+    from rasterflow.run import plan_with_items, resolve_layout, search
+    from rasterflow.spec import load_spec
+
+    with fault_server(sample.directory, latency=0.01) as server:
+        catalog = http_items(sample, server.url, tmp_path / "items.json")
+        spec = tmp_path / "held.yaml"
+        spec.write_text(spec_text(sample, catalog=str(catalog), output="out/held.zarr",
+                                  chunks="{time: -1, y: -1, x: -1}",
+                                  cluster="{n_workers: 1, threads_per_worker: 1, processes: false}")
+                        .replace("  assets:", "  io: {buffer: 1MB}\n  assets:", 1))
+        loaded = load_spec(spec)
+        plan = plan_with_items(loaded, search(loaded), resolve_layout(loaded.spec))
+        assert plan.report.inputs.remote_fetch
+        predicted = budget.remote_io_bytes(plan.shape, plan.report.inputs)
+        result = CliRunner().invoke(cli, ["run", str(spec)])
+        assert result.exit_code == 0, result.output
+    io = json.loads((tmp_path / "out" / "held.zarr.report.json").read_text())["reads"]["io"]
+    measured = io["held_peak"]
+    assert 0.5 * predicted <= measured <= predicted, (measured, predicted)

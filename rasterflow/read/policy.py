@@ -129,15 +129,22 @@ def _run_stats(run_id: str) -> dict[str, Any]:
 IO_COUNTERS = ("requests", "bytes", "header_reads", "request_seconds", "wait_seconds")
 
 
-def record_io(run_id: str, *, in_flight: int = 0, **counts: float) -> None:
+IO_PEAKS = ("in_flight_peak", "held_peak")
+"""I/O statistics that keep their largest value (per process; across processes too)."""
+
+
+def record_io(run_id: str, *, in_flight: int = 0, held_peak: int = 0, **counts: float) -> None:
     """Add ``counts`` (:data:`IO_COUNTERS`) to this process's I/O statistics of ``run_id``; ``in_flight``: the
-    requests in flight when one started (the peak is kept)."""
+    requests in flight when one started, ``held_peak``: the most compressed bytes one task held (the peaks are
+    kept)."""
     with _LOCK:
         io = _run_stats(run_id).setdefault("io", {})
         for key, value in counts.items():
             io[key] = io.get(key, 0) + value
         if in_flight:
             io["in_flight_peak"] = max(io.get("in_flight_peak", 0), in_flight)
+        if held_peak:
+            io["held_peak"] = max(io.get("held_peak", 0), held_peak)
 
 
 def record_retry(policy: ReadPolicy, href: str) -> None:
@@ -200,7 +207,7 @@ def merge_io(parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
     for part in parts:
         io = part.get("io") or {}
         for key, value in io.items():
-            total[key] = max(total.get(key, 0), value) if key == "in_flight_peak" else total.get(key, 0) + value
+            total[key] = max(total.get(key, 0), value) if key in IO_PEAKS else total.get(key, 0) + value
     for key in ("request_seconds", "wait_seconds"):
         if key in total:
             total[key] = round(float(total[key]), 3)

@@ -176,6 +176,8 @@ class _Fetch:
     """Tiles of this fetch that a later window still needs (the bytes are dropped at 0)."""
     touched: bool = False
     """Decoded from at least once (its bytes no longer count as fetched ahead)."""
+    released: bool = False
+    """Its bytes were dropped (no later window needs its tiles)."""
 
 
 @dataclass(eq=False)
@@ -209,6 +211,10 @@ class TaskReads:
         self.cursor = 0
         self.next_issue = 0
         self.ahead = 0
+        """Bytes issued and not yet decoded from: in flight or arrived ahead of the decoder (within ``io_buffer``)."""
+        self.holding = 0
+        """Bytes issued and not yet dropped: ``ahead`` plus the tiles later windows still need."""
+        self.holding_peak = 0
         self.fetcher: RangeClient | None = None
         self._plan(reads_by_item, windows)
 
@@ -300,6 +306,8 @@ class TaskReads:
         fetch.future = self.fetcher.submit(fetch.href, fetch.url, [(fetch.start, fetch.length)], self.policy.retry,
                                            self.policy.run_id, on_retry=_counting(self.policy, fetch.href))
         self.ahead += fetch.length
+        self.holding += fetch.length
+        self.holding_peak = max(self.holding_peak, self.holding)
 
     # ---- the decoder's side -----------------------------------------------------------------------------------
 
@@ -403,10 +411,16 @@ class TaskReads:
                     self.ahead -= fetch.length
                 if fetch.future is not None:
                     fetch.future.cancel()
+                if not fetch.released:
+                    fetch.released = True
+                    self.holding -= fetch.length
                 fetch.data, fetch.future = None, None  # the last window that needs its tiles is done: the bytes go
 
     def close(self) -> None:
-        """Drop every byte the task still holds (also when it failed: nothing is kept for the next task)."""
+        """Drop every byte the task still holds (also when it failed: nothing is kept for the next task); the most it
+        held goes into the run's I/O statistics (``held_peak``, what the budget's :func:`remote_io_bytes` bounds)."""
+        if self.holding_peak:
+            record_io(self.policy.run_id, held_peak=self.holding_peak)
         for fetch in set(self.tile_fetch.values()):
             if fetch is not None:
                 fetch.data = None
