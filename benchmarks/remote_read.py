@@ -1,8 +1,8 @@
 """Remote COGs against local files: the masked NDVI median served by a loopback server with an object store's
 latency, rasterflow (one process and worker processes) next to odc-stac + odc-algo and GDAL on the same server.
 
-    python benchmarks/remote_read.py [--size 2048] [--dates 12] [--latency 0.04 0.1] [--bandwidth 50MB]
-                                     [--rounds 1] [--variants ...] [--gdal-python PATH]
+    python benchmarks/remote_read.py [--size 2048] [--dates 12] [--season] [--latency 0.04 0.1]
+                                     [--bandwidth 50MB] [--rounds 1] [--variants ...] [--gdal-python PATH]
 
 The sample (``common.sample``: one ``size``² tile x ``dates`` dates of 512² ZSTD COGs) is served by
 ``latency_server.py`` in a process of its own (aiohttp, sendfile), which waits ``--latency`` seconds before every
@@ -104,6 +104,9 @@ def run(variant: str, local, remote, work: Path, gdal_python: Path | None):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=2048)
+    parser.add_argument("--season", action="store_true",
+                        help="the season sample of season.py (every 5 days, 5 assets of which the job reads 3) "
+                             "instead of common.sample")
     parser.add_argument("--dates", type=int, default=12)
     parser.add_argument("--latency", type=float, nargs="+", default=[0.04, 0.1])
     parser.add_argument("--bandwidth", default=None, help="per connection, e.g. 50MB (default: no cap)")
@@ -116,8 +119,13 @@ def main() -> None:
     if "gdal" in args.variants and not gdal_python:
         print(f"(no GDAL venv at {args.gdal_python}: the gdal variant is skipped; see compare_peers.py)")
 
-    local = sample(args.size, args.dates)
-    work = DATA / f"remote-{args.size}x{args.dates}"
+    if args.season:
+        from season import season_sample
+
+        local = season_sample(args.size, args.dates)
+    else:
+        local = sample(args.size, args.dates)
+    work = DATA / f"remote-{'season-' if args.season else ''}{args.size}x{args.dates}"
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     reference = numpy_reference(local)
