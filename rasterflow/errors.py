@@ -138,6 +138,9 @@ class CatalogError(RasterflowError, RuntimeError):
 class NoItemsFoundError(CatalogError, LookupError):
     """The search matched no items; a cron job must notice, so this is a failed run."""
 
+    field: str = ""
+    """The search key most likely at fault: ``bbox`` when it misses every item of a local catalog, else empty."""
+
 
 class OutputExistsError(RasterflowError, FileExistsError):
     """The output exists and ``output.overwrite`` is false."""

@@ -125,14 +125,16 @@ def dask_cluster_address(tmp_path_factory):
     dask = shutil.which("dask", path=os.path.dirname(sys.executable)) or "dask"
     logs = tmp_path_factory.mktemp("dask-logs")
     env = {**os.environ, "GDAL_CACHEMAX": "128"}
-    procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
-                              stdout=open(logs / "scheduler.log", "w"), stderr=subprocess.STDOUT, env=env,
-                              start_new_session=True)]
+    # each log file is the child's own once it started: the parent closes its copy at once (no ResourceWarning)
+    with open(logs / "scheduler.log", "w") as log:
+        procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+                                  stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)]
     for index in range(2):
-        procs.append(subprocess.Popen(
-            [dask, "worker", address, "--nthreads", "1", "--memory-limit", "1.5GB", "--nworkers", "1",
-             "--no-dashboard", "--local-directory", str(logs / f"w{index}")],
-            stdout=open(logs / f"worker{index}.log", "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        with open(logs / f"worker{index}.log", "w") as log:
+            procs.append(subprocess.Popen(
+                [dask, "worker", address, "--nthreads", "1", "--memory-limit", "1.5GB", "--nworkers", "1",
+                 "--no-dashboard", "--local-directory", str(logs / f"w{index}")],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
     try:
         deadline = time.monotonic() + 60
         while True:

@@ -128,6 +128,7 @@ def test_a_closed_stdout_ends_quietly(write_spec, tmp_path):
                             stderr=subprocess.PIPE)
     proc.stdout.close()  # the reader is gone before anything is written (as `| head -0`)
     stderr = proc.stderr.read().decode()
+    proc.stderr.close()
     assert proc.wait(timeout=120) == 141
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr and "internal error" not in stderr
 

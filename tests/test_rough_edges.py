@@ -91,6 +91,9 @@ def test_huge_resolution_is_refused_at_validate(tmp_path, sample):
     assert result.exit_code == 2, result.output
     assert f"{spec}:{_line_of(spec, 'resolution:')}:" in result.output
     assert "one pixel" in result.output
+    spec.write_text(spec_text(sample).replace("resolution: 10", "resolution: 1e300"))  # YAML 1.1: text
+    result = _invoke("validate", str(spec))
+    assert result.exit_code == 2 and "YAML reads 1e300 as text: write it as 1.0e+300" in result.output
 
 
 # 1. an unwritable output location; 6. a run that fails before writing leaves nothing beside its output ---------------

@@ -221,6 +221,7 @@ def test_sigkill_halfway_through_zarr_then_resume(sample, tmp_path):
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    proc.stdout.close()
     assert not (tmp_path / "out" / "killed.zarr").exists()
     assert staging.exists()
     import zarr

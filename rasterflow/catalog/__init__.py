@@ -115,7 +115,7 @@ def _describe(q: StacQuery, interval_text: str | None) -> list[str]:
     return lines
 
 
-def _items_extent(items: list[dict], collections: Any) -> tuple[float, float, float, float] | None:
+def _items_extent(items: list[dict], collections: tuple[str, ...] | list[str] | None) -> tuple[float, float, float, float] | None:
     """The union of the items' bboxes (of the searched collections), or None when none has one."""
     boxes = [box for item in items if not collections or item.get("collection") in collections
              for box in [_item_bbox(item)] if box is not None]

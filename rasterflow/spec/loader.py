@@ -252,7 +252,7 @@ def _message(loc: tuple, errors: list[dict], loaded: LoadedYaml) -> str:
         if field in _UNION_HINTS:
             return f"{_UNION_HINTS[field]}{got}"
     if kind in _TYPE_WORDS:
-        return f"must be {_TYPE_WORDS[kind]}{got}"
+        return f"must be {_TYPE_WORDS[kind]}{got}{_yaml_number_hint(kind, first.get('input'))}"
     if kind == "literal_error":
         expected = first.get("ctx", {}).get("expected", "")
         suggestion = _closest(first.get("input"), [e.strip(" '") for e in expected.replace(" or ", ",").split(",")])
@@ -267,6 +267,18 @@ def _message(loc: tuple, errors: list[dict], loaded: LoadedYaml) -> str:
             return f"needs exactly 4 numbers (got {length})"
         return f"needs at least {wanted} entries (got {length})" if kind == "too_short" else f"allows at most {wanted} entries (got {length})"
     return f"{first['msg'][0].lower()}{first['msg'][1:]}{got}"
+
+
+def _yaml_number_hint(kind: str, value: Any) -> str:
+    """YAML 1.1 reads ``1e300`` (no dot, no exponent sign) as text: say how to write the number."""
+    if kind not in ("float_type", "int_type") or not isinstance(value, str):
+        return ""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    return f"; YAML reads {value} as text: write it as {number:.1e}".replace("e+0", "e+").replace("e-0", "e-") \
+        + " (a dot and a signed exponent) or without the exponent"
 
 
 def _strip_value_error(message: str) -> str:
