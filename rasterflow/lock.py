@@ -86,10 +86,20 @@ def _make_dirs(directory: Path, output: str) -> list[Path]:
 def _probe_writable(path: Path, output: str) -> None:
     """Create (or open) the lock file for writing, so an unwritable place is said as such, not as a lock held by
     another run (``filelock`` reads any failure to open as "held")."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as err:
-        raise _location_error(output, path.parent, err) from None
+    for attempt in range(3):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            break
+        except FileNotFoundError as err:
+            # a run that wrote nothing removed the folder it had made, between our mkdir and this open: make it again
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                raise _location_error(output, path.parent, err) from None
+            if attempt == 2:
+                raise _location_error(output, path.parent, err) from None
+        except OSError as err:
+            raise _location_error(output, path.parent, err) from None
     os.close(fd)
 
 
