@@ -46,7 +46,8 @@ def read_jobs(plan: JobPlan, items: slice, rows: tuple[int, int], cols: tuple[in
         tuple(read if read.intersects(rows, cols) else None for read in item_reads)
         for item_reads in plan.sources.reads[items]
     )
-    return ReadJob(reads=reads, assets=plan.sources.assets, grid=plan.grid, resampling=plan.resampling)
+    return ReadJob(reads=reads, assets=plan.sources.assets, grid=plan.grid, resampling=plan.resampling,
+                   policy=plan.read_policy)
 
 
 def local_read_job(plan: JobPlan, items: Sequence[int], rows: tuple[int, int], cols: tuple[int, int],
@@ -59,7 +60,8 @@ def local_read_job(plan: JobPlan, items: Sequence[int], rows: tuple[int, int], c
     table = plan.sources.reads
     reads = tuple(table[t] if one_box is not None and one_box[t]
                   else tuple(read if read.intersects(rows, cols) else None for read in table[t]) for t in items)
-    return ReadJob(reads=reads, assets=plan.sources.assets, grid=plan.grid, resampling=plan.resampling)
+    return ReadJob(reads=reads, assets=plan.sources.assets, grid=plan.grid, resampling=plan.resampling,
+                   policy=plan.read_policy)
 
 
 def _one_box(plan: JobPlan) -> list[bool]:

@@ -14,7 +14,7 @@ from rasterflow import budget
 from rasterflow.errors import SpecError, SpecIssue
 from rasterflow.kernels import Program, absent_is_nan, group_indices, period_labels, solar_day_steps
 from rasterflow.read import tiles
-from rasterflow.read.policy import io_concurrency
+from rasterflow.read.policy import ReadPolicy, io_concurrency, policy_from_spec
 from rasterflow.read.remote import is_remote
 from rasterflow.sources import FileHeader, MissingAsset, SourceTable, gc_paused, missing_assets, resolve_sources
 from rasterflow.sizing import WorkerLayout, local_machine, size_local_run
@@ -480,6 +480,9 @@ class JobPlan:
     """Per spatial chunk, the items whose files meet it (None for a static plan)."""
     round_trip: float | None = None
     """Seconds of the remote header probe (``source.io.concurrency: auto`` follows it); None when not measured."""
+    read_policy: ReadPolicy | None = None
+    """How every read of the run behaves (retries, failure policy, signing, I/O), with the run's id: carried by each
+    task (:attr:`rasterflow.read.ReadJob.policy`), not set per worker process (None for a static plan)."""
 
     @property
     def gdal_cachemax(self) -> int:
@@ -659,6 +662,9 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
                                                     io_concurrency(spec.source.io.concurrency,
                                                                    remote.round_trip if remote else None)),
         chunk_index=index, round_trip=remote.round_trip if remote is not None else None,
+        read_policy=None if sources is None else policy_from_spec(
+            spec.source, [read.href for reads in sources.reads for read in reads if read is not None],
+            remote.round_trip if remote is not None else None),
     )
 
 

@@ -81,7 +81,7 @@ def profile_one_task(plan: Any, spec: Any, *, use_memray: bool = True, flamegrap
     block = variable.blocks[index]
     os.environ.setdefault("GDAL_CACHEMAX", str(plan.gdal_cachemax))
     # the task reads as a run's would: the spec's retries, on_read_error and signer, not the defaults
-    policy = policy_from_spec(spec.source, job_hrefs(plan), plan.round_trip)
+    policy = plan.read_policy or policy_from_spec(spec.source, job_hrefs(plan), plan.round_trip)
 
     def compute() -> None:
         previous = current_policy()

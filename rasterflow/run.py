@@ -707,9 +707,8 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
         stack.callback(report.record_memory, sampler)  # kept when the run fails or is interrupted (issue 10)
         from rasterflow.read.policy import job_hrefs, policy_from_spec, read_monitor  # issue 9: retries, failures
 
-        reads = stack.enter_context(read_monitor(handle.client, policy_from_spec(spec.source, job_hrefs(plan),
-                                                                                 plan.round_trip),
-                                                 job_hrefs(plan), report))
+        policy = plan.read_policy or policy_from_spec(spec.source, job_hrefs(plan), plan.round_trip)
+        reads = stack.enter_context(read_monitor(handle.client, policy, job_hrefs(plan), report))
         with sampler:
             timer.on_start = sampler.mark
             with timer("graph"):

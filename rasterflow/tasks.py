@@ -19,7 +19,6 @@ from rasterflow import kernels
 from rasterflow.allocator import release_free_memory
 from rasterflow.errors import RasterflowError
 from rasterflow.read import ReadJob, gdal_env, item_stream
-from rasterflow.read.policy import current_policy
 from rasterflow.read.prefetch import task_reads
 
 __all__ = ["chunk_reduce", "chunk_bands"]
@@ -54,7 +53,8 @@ def chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], pro
     is whole in its sub-block, so the result is the same, and the task holds one sub-block's series instead of the
     chunk's (memory does not grow with the dates)."""
     try:
-        with gdal_env(), task_reads(job.reads, job.grid, list(_sub_blocks(rows, cols, block)), current_policy()):
+        policy = job.read_policy()
+        with gdal_env(policy), task_reads(job.reads, job.grid, list(_sub_blocks(rows, cols, block)), policy):
             return _chunk_reduce(job, rows, cols, program, view, block)
     finally:
         release_free_memory()  # what the task freed goes back now, not when the heap's top happens to be free
@@ -92,7 +92,8 @@ def _chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], pr
 def chunk_bands(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], program: kernels.Program,
                 view: kernels.TaskItems | None = None) -> np.ndarray:
     """Read a time slice of one chunk (the items of ``view``) and evaluate the bands -> ``(date, band, y, x)``."""
-    with gdal_env(), task_reads(job.reads, job.grid, [(rows, cols)], current_policy()):
+    policy = job.read_policy()
+    with gdal_env(policy), task_reads(job.reads, job.grid, [(rows, cols)], policy):
         return kernels.band_block(item_stream(job, rows, cols), program, view)
 
 

@@ -168,18 +168,14 @@ def _read_window(sample, catalog, tmp_path, policy):
     from rasterflow.graph import read_jobs
     from rasterflow.plan import local_layout, make_plan
     from rasterflow.read import read_planes
-    from rasterflow.read.policy import set_policy
     from rasterflow.run import search
     from rasterflow.spec import load_spec
 
     loaded = load_spec(_spec(sample, tmp_path / f"read-{time.monotonic_ns()}.yaml", catalog, output="o.zarr"))
     items = search(loaded)
     plan = make_plan(loaded.spec, items=items, layout=local_layout(loaded.spec))
-    set_policy(policy)
-    try:
-        return read_planes(read_jobs(plan, slice(0, len(items)), (0, 96), (0, 96)), (0, 96), (0, 96))
-    finally:
-        set_policy(None)
+    job = dataclasses.replace(read_jobs(plan, slice(0, len(items)), (0, 96), (0, 96)), policy=policy)
+    return read_planes(job, (0, 96), (0, 96))  # the task carries the policy (no process-wide state)
 
 
 def test_a_failed_open_is_retried_past_gdal_s_cached_failure(sample, tmp_path):

@@ -56,10 +56,17 @@ class ReadJob:
     grid: Any
     """The output :class:`~rasterflow.plan.GridPlan`."""
     resampling: str
+    policy: ReadPolicy | None = None
+    """The run's read policy, carried by every task (retries, failure policy, signing, I/O settings): two runs on
+    one cluster each read under their own. None: the process's (:func:`~rasterflow.read.policy.current_policy`)."""
     token: str = field(default_factory=lambda: f"{_TOKEN_PREFIX}-{next(_TOKENS)}", init=False, compare=False,
                        repr=False)
     """Made with the object (a ``dataclasses.replace`` copy gets its own), unique in this process: what dask's
     tokenize sees of the job (:meth:`__dask_tokenize__`)."""
+
+    def read_policy(self) -> ReadPolicy:
+        """:attr:`policy`, else the process's."""
+        return self.policy or current_policy()
 
     def __dask_tokenize__(self) -> tuple[str, str]:
         """dask names the graph the client submits by tokenizing every task's arguments; walking a job's ~100
@@ -96,7 +103,8 @@ def read_planes(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], *, i
                 planes.nodata[:, a] = source.fill
     else:
         planes = _new_planes(job, height, width)
-    with gdal_env(), prefetch.task_reads(job.reads, job.grid, [(rows, cols)], current_policy()):
+    policy = job.read_policy()
+    with gdal_env(policy), prefetch.task_reads(job.reads, job.grid, [(rows, cols)], policy):
         _read_into(job, rows, cols, planes)
     return planes
 
@@ -120,7 +128,7 @@ _env_state = threading.local()
 
 
 @contextlib.contextmanager
-def gdal_env() -> Iterator[None]:
+def gdal_env(policy: ReadPolicy | None = None) -> Iterator[None]:
     """The run's GDAL options (:meth:`~rasterflow.read.policy.ReadPolicy.gdal_options`) around reads; nested uses
     enter nothing, so a task enters it once for all its items (:func:`item_stream`'s reads), not once per item."""
     if getattr(_env_state, "depth", 0):
@@ -132,7 +140,7 @@ def gdal_env() -> Iterator[None]:
         return
     import rasterio
 
-    with rasterio.Env(**current_policy().gdal_options()):
+    with rasterio.Env(**(policy or current_policy()).gdal_options()):
         _env_state.depth = 1
         try:
             yield
@@ -142,7 +150,7 @@ def gdal_env() -> Iterator[None]:
 
 def _read_into(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], planes: Planes) -> None:
     raw, covered, nodata, scale, offset = planes.raw, planes.covered, planes.nodata, planes.scale, planes.offset
-    policy = current_policy()
+    policy = job.read_policy()
     for t, item_reads in enumerate(job.reads):
         for a, read in enumerate(item_reads):
             if read is None:
@@ -204,7 +212,8 @@ def item_stream(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int]) -> I
 
     def read(t: int) -> Planes:
         planes = read_planes(ReadJob(reads=(job.reads[t],), assets=job.assets, grid=job.grid,
-                                     resampling=job.resampling), rows, cols, into=last[0] if last else None)
+                                     resampling=job.resampling, policy=job.policy), rows, cols,
+                             into=last[0] if last else None)
         last[:] = [planes]
         return planes
 
