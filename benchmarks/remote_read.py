@@ -21,8 +21,9 @@ process, interleaved per round (A B C ... A B C ...):
   ``GDAL_HTTP_MERGE_CONSECUTIVE_RANGES=YES``, ``GDAL_HTTP_MULTIPLEX=YES``, ``VSI_CACHE=TRUE``), as its docs advise.
 
 Printed per latency: wall, peak RSS of the process tree, the requests the server answered, the most it had in
-flight, bytes sent, rasterflow's own counts (header reads, seconds its compute threads waited for bytes), the wall
-against the same layout's local run, and every result against the NumPy reference (``common.numpy_reference``).
+flight, bytes sent, the server's own CPU seconds (taken from the same 2 cores as the job), rasterflow's own counts
+(header reads, seconds its compute threads waited for bytes), the wall against the same layout's local run, and
+every result against the NumPy reference (``common.numpy_reference``).
 """
 
 from __future__ import annotations
@@ -157,11 +158,12 @@ def main() -> None:
                 rows.append([f"{latency * 1000:.0f} ms", variant, f"{walls[variant]:.1f} s", ratio, gb(m.peak_rss),
                              str(served.get("requests", "-")), str(served.get("in_flight_peak", "-")),
                              f"{served['bytes'] / 1e6:.0f} MB" if served.get("bytes") else "-",
-                             str(io.get("header_reads", "")), f"{io['wait_seconds']:.1f} s" if io else "", same])
+                             str(io.get("header_reads", "")), f"{io['wait_seconds']:.1f} s" if io else "",
+                             f"{served['cpu_seconds']:.1f} s" if served else "-", same])
     print(f"\nmasked NDVI median, {args.size}² x {args.dates} dates x 3 assets (512² ZSTD COGs), chunks 1024², "
           f"rounds {args.rounds}, bandwidth cap {args.bandwidth or 'none'}")
     print(table(rows, ["latency", "variant", "wall", "vs local", "peak RSS", "requests", "most in flight",
-                       "bytes sent", "header reads", "compute waited", "vs NumPy reference"]))
+                       "bytes sent", "header reads", "compute waited", "server CPU", "vs NumPy reference"]))
 
 
 if __name__ == "__main__":

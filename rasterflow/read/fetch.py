@@ -40,9 +40,9 @@ from rasterflow.retry import RetryPolicy
 
 __all__ = ["RangeClient", "Answer", "client", "supported", "s3_config", "DEFAULT_CONCURRENCY"]
 
-DEFAULT_CONCURRENCY = 32
-"""Range requests in flight per process when ``source.io.concurrency`` is ``auto`` and no round trip was measured:
-at 40 ms a request, 32 in flight keep ~800 tile requests a second coming, several times what two cores decode."""
+DEFAULT_CONCURRENCY = 64
+"""Range requests in flight per process when ``source.io.concurrency`` is ``auto`` and no round trip was measured
+(:func:`rasterflow.read.policy.io_concurrency`)."""
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
 _STATUS_IN_TEXT = re.compile(r"(?:status(?: code)?|HTTP)[:\s]+(\d{3})\b", re.IGNORECASE)

@@ -56,7 +56,7 @@ class ReadPolicy:
     """``CPL_VSIL_CURL_ALLOWED_EXTENSIONS`` (from the job's hrefs)."""
     run_id: str = "local"
     """Keys this run's statistics on the workers."""
-    io_concurrency: int = 32
+    io_concurrency: int = 64
     """Range requests in flight per process on the concurrent remote path (``source.io.concurrency``)."""
     io_buffer: int = 32 * 1024 * 1024
     """Bytes of compressed tiles a task fetches ahead of its decoder (``source.io.buffer``)."""
@@ -93,12 +93,16 @@ def policy_from_spec(source: Any, hrefs: Iterable[str] = (), round_trip: float |
 
 def io_concurrency(setting: Any, round_trip: float | None = None) -> int:
     """Requests in flight per process: the spec's number, or for ``auto`` enough to keep the pipe full at the
-    measured round trip (one request per 1.25 ms of latency, 32..128: 32 at 40 ms, 80 at 100 ms), else 32."""
+    measured round trip (one request per 0.625 ms of latency, 64..256: 64 at 40 ms, 160 at 100 ms), else 64.
+
+    Why so many: a process receives ~100-200 MB/s of tiles through the reader; at ~200 kB a request and 40 ms a
+    round trip that takes ~40 requests in flight, and each wait for the first byte of a new window adds to the
+    wall (benchmarks/remote_read.py: a 5490² x 36 season at 40 ms, 32 -> 64 in flight)."""
     if isinstance(setting, int) and not isinstance(setting, bool):
         return max(1, setting)
     if round_trip is None or round_trip <= 0:
-        return 32
-    return int(min(128, max(32, round(round_trip / 0.00125))))
+        return 64
+    return int(min(256, max(64, round(round_trip / 0.000625))))
 
 
 # ---- the policy in this process -------------------------------------------------------------------------------

@@ -374,7 +374,7 @@ class TaskReads:
         if covered is not None:
             covered[r0 - rows[0]:r1 - rows[0], c0 - cols[0]:c1 - cols[0]] = True
 
-    def _bytes(self, fetch: _Fetch, number: int) -> bytes:
+    def _bytes(self, fetch: _Fetch, number: int) -> memoryview:
         if fetch.error is not None:
             raise fetch.error
         if fetch.data is None:
@@ -393,7 +393,8 @@ class TaskReads:
             fetch.touched = True
             self.ahead -= fetch.length
         start = int(fetch.index.offsets[number]) - fetch.start
-        return fetch.data[start:start + int(fetch.index.byte_counts[number])]
+        # a view, not a copy: the decoders take any buffer
+        return memoryview(fetch.data)[start:start + int(fetch.index.byte_counts[number])]
 
     def _consume(self, event: _Event) -> None:
         if event.consumed:

@@ -153,7 +153,7 @@ def window_tiles(index: TileIndex, row: int, col: int, height: int, width: int) 
             for tx in range(col // tw, (col + width - 1) // tw + 1)]
 
 
-def place_tile(index: TileIndex, number: int, data: bytes | None, row: int, col: int, out: np.ndarray,
+def place_tile(index: TileIndex, number: int, data: bytes | memoryview | None, row: int, col: int, out: np.ndarray,
                fill: float = 0) -> None:
     """Decode tile ``number`` from its compressed ``data`` and copy its part of the window from ``row``, ``col``
     into ``out`` (any strides). ``data`` None: a sparse tile (absent from the file), which holds ``fill`` (GDAL

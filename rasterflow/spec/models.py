@@ -206,8 +206,8 @@ class SourceIO(_Model):
     concurrency: Literal["auto"] | Annotated[StrictInt, Field(ge=1, le=1024)] = Field(
         default="auto",
         description="Range requests in flight per worker process (shared by its threads, apart from the compute "
-        "threads). auto = follows the round trip plan measures (one request per 1.25 ms of latency, 32 to 128: "
-        "32 at 40 ms, 80 at 100 ms; 32 when none was measured).",
+        "threads). auto = follows the round trip plan measures (one request per 0.625 ms of latency, 64 to 256: "
+        "64 at 40 ms, 160 at 100 ms; 64 when none was measured).",
     )
     buffer: Literal["auto"] | Size = Field(
         default="auto",
