@@ -414,7 +414,8 @@ def resolve_sources(items: Sequence[Mapping[str, Any]], assets: Mapping[str, str
                         or override.ignore_catalog:
                     notes.append("source.overrides")
             if (override is None or override.offset is None) and offset == 0 and data_type in ("uint16", None) \
-                    and _baseline_needs_offset(properties) and _is_spectral(asset):
+                    and _baseline_needs_offset(properties) and _is_spectral(asset) \
+                    and properties.get("earthsearch:boa_offset_applied") is not True:  # already corrected
                 pc_offsetless.append(str(item.get("id")))
             if data_type is not None and data_type not in _INTEGER_DTYPES + _FLOAT_DTYPES:
                 notes.append(f"data_type {data_type!r} not supported, read as {working_dtype}")

@@ -66,6 +66,21 @@ def test_earth_search_item_has_the_boa_flag_and_the_offset_it_already_applied():
     assert (scl.dtype, scl.nodata, scl.scale, scl.offset) == ("uint8", 0, 1.0, 0.0)
 
 
+def test_earth_search_items_get_no_boa_offset_warning_since_the_files_are_corrected():
+    """The +1000 BOA warning is for catalogs that declare no offset (Planetary Computer): Earth Search's files are
+    offset-corrected (its flag), so the offset it declares is dropped and nothing is missing."""
+    from rasterflow.plan import GridPlan
+    from rasterflow.sources import resolve_sources
+
+    item = load_item("earthsearch_s2_l2a")
+    g = asset_geometry(item, "red")
+    a, _, c, _, e, f = tuple(g.transform)[:6]
+    grid = GridPlan(crs=g.crs, resolution=a, bounds=(c, f + e * g.shape[0], c + a * g.shape[1], f), shape=g.shape)
+    table = resolve_sources([item], {"red": "red", "nir": "nir"}, grid)
+    assert table.warnings == ()
+    assert [r.offset for r in table.reads[0]] == [0.0, 0.0]
+
+
 def test_planetary_computer_items_are_in_two_utm_zones_and_overlap():
     a, b = load_item("pc_s2_l2a_a"), load_item("pc_s2_l2a_b")
     assert asset_geometry(a, "B04").crs == "EPSG:32647" and asset_geometry(b, "B04").crs == "EPSG:32646"
