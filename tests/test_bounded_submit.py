@@ -341,7 +341,9 @@ def test_stack_blocks_holds_nothing_per_block():
     dasks = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     print(f"3 x 10,000 blocks: stack_blocks {lazy / 1e3:.0f} kB, Dask's stack + rechunk {dasks / 1e6:.1f} MB")
-    assert lazy < 50_000 and dasks > 100 * lazy
+    # under 100 kB for 30,000 blocks: nothing per block (tracemalloc also counts what other threads of this process
+    # allocate meanwhile: 62 kB seen once in CI where 50 kB was the bound)
+    assert lazy < 100_000 and dasks > 100 * lazy
     key = (cube.name, 0, 50, 7)
     np.testing.assert_array_equal(dask_get(BlockGraph([cube])([key]), key),
                                   np.stack([np.full((4, 4), k, np.float32) for k in (1, 2, 3)]))
