@@ -71,7 +71,6 @@ class _RangeFile(io.RawIOBase):
         self.fetch = fetch
         self.position = 0
         self.first = first
-        self.extra_requests = 0
 
     def readable(self) -> bool:
         return True
@@ -100,7 +99,6 @@ class _RangeFile(io.RawIOBase):
                 block = self.blocks.get(start)
                 if block is None:
                     block = self.blocks[start] = self.fetch(start, min(_BLOCK, self.size - start))
-                    self.extra_requests += 1
                     if not block:
                         break
                 piece = block[at - start:at - start + wanted - done]

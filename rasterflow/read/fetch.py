@@ -34,17 +34,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from rasterflow.read.policy import record_io
 from rasterflow.read.remote import ReadFailedError
 from rasterflow.retry import RetryPolicy
 
-__all__ = ["RangeClient", "Answer", "client", "supported", "s3_config", "DEFAULT_CONCURRENCY"]
-
-DEFAULT_CONCURRENCY = 64
-"""Range requests in flight per process when ``source.io.concurrency`` is ``auto`` and no round trip was measured
-(:func:`rasterflow.read.policy.io_concurrency`)."""
+__all__ = ["RangeClient", "Answer", "client", "close_all", "supported", "s3_config"]
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
 _STATUS_IN_TEXT = re.compile(r"(?:status(?: code)?|HTTP)[:\s]+(\d{3})\b", re.IGNORECASE)
@@ -347,9 +342,3 @@ def client(concurrency: int) -> RangeClient:
         if current is None or current.pid != os.getpid():
             current = _CLIENTS[concurrency] = RangeClient(concurrency)
         return current
-
-
-def host_of(url: str) -> str:
-    """``scheme://host`` of a URL, for messages."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}"
