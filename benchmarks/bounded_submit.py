@@ -245,7 +245,7 @@ def _traced(function, *args) -> tuple[Any, int, float]:
 def graph_memory(targets: list[int], dates: int, variants: list[str]) -> list[dict]:
     """Per target chunk count and variant: client bytes of ``build_dataset`` and of the first batch's graph."""
     from rasterflow import graph
-    from rasterflow.run import plan_command
+    from rasterflow.commands import plan_command
     from rasterflow.spec import load_spec
     from rasterflow.write.submit import BlockGraph
 

@@ -4,7 +4,7 @@ For a grid of configurations spanning every code path the graph can run -- every
 (the fused task) and time chunked (the tree), no reduction (time-series output), threads > chunks, uneven edge
 chunks, two GDAL cache sizes, ``group_by: solar_day`` over two side-by-side tiles, periods, COG and Zarr output, 1-3
 output bands, float32/float64 -- this runs the real job through rasterflow's own code path (a spec YAML in a
-temporary directory, ``rasterflow.run.run_command`` on a one-worker LocalCluster) and reads the numbers from the run
+temporary directory, ``rasterflow.commands.run_command`` on a one-worker LocalCluster) and reads the numbers from the run
 report: ``predicted_peak_per_worker`` / ``predicted_client_peak`` (``budget.estimate``) and
 ``measured_peak_per_worker`` / ``client_peak`` (``cluster.MemorySampler``: the worker's RSS every 0.25 s plus the
 Linux high-water mark ``VmHWM`` of each interval, so a peak between two samples is not missed; the client's RSS).
@@ -287,7 +287,7 @@ def run_one(index: int) -> Row:
 
 def child(index: int) -> int:
     """The body of one row: plan (for the model's worst stage) and run the spec; print the numbers as JSON."""
-    from rasterflow.run import run_command
+    from rasterflow.commands import run_command
     from rasterflow.spec import load_spec
 
     config = CONFIGS[index - 1]
@@ -307,7 +307,7 @@ def child(index: int) -> int:
         if code != 0:
             print(f"run failed ({code}): {report.get('error')}\n{sink.getvalue()}", file=sys.stderr)
             return 1
-    from rasterflow.run import plan_with_items, resolve_layout, search
+    from rasterflow.commands import plan_with_items, resolve_layout, search
 
     model = plan_with_items(loaded, search(loaded), resolve_layout(loaded.spec)).report
     print(json.dumps({

@@ -203,7 +203,7 @@ def profile(spec: Path, top: int = 25) -> None:
     import cProfile
     import pstats
 
-    from rasterflow.run import plan_command
+    from rasterflow.commands import plan_command
     from rasterflow.spec import load_spec
 
     loaded = load_spec(spec)

@@ -3,7 +3,7 @@
 Nothing here prints or exits. Errors are raised as :class:`~rasterflow.errors.RasterflowError` subclasses (each also
 the matching built-in: ``SpecError`` is a ``ValueError``, ``BudgetExceededError`` a ``MemoryError``...); a run that
 was stopped by a signal raises :class:`~rasterflow.errors.RunInterrupted` (a ``KeyboardInterrupt``). Either way the
-run report was written first, and ``err.result`` holds the :class:`~rasterflow.run.RunResult`.
+run report was written first, and ``err.result`` holds the :class:`~rasterflow.commands.RunResult`.
 
 Light to import: the pixel libraries load inside :func:`run`.
 
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rasterflow.plan import JobPlan
-    from rasterflow.run import RunResult
+    from rasterflow.planning import JobPlan
+    from rasterflow.commands import RunResult
     from rasterflow.spec.loader import LoadedSpec
 
 __all__ = ["load_spec", "plan", "run"]
@@ -114,7 +114,7 @@ def plan(spec: Any, *, variables: Mapping[str, str] | None = None, now: dt.datet
     ------
     SpecError, CatalogError, NoItemsFoundError, ClusterError
     """
-    from rasterflow.run import plan_command
+    from rasterflow.commands import plan_command
 
     return plan_command(_loaded(spec, variables), now=now).plan
 
@@ -123,7 +123,7 @@ def run(spec: Any, *, variables: Mapping[str, str] | None = None, overwrite: boo
         report_path: str | os.PathLike | None = None, progress: bool = False,
         on_event: Callable[[str, dict], None] | None = None, handle_signals: bool = False,
         state_dir: str | os.PathLike | None = None, now: dt.datetime | None = None) -> RunResult:
-    """Plan, check, compute and write one spec; returns the :class:`~rasterflow.run.RunResult`.
+    """Plan, check, compute and write one spec; returns the :class:`~rasterflow.commands.RunResult`.
 
     Parameters
     ----------
@@ -138,7 +138,7 @@ def run(spec: Any, *, variables: Mapping[str, str] | None = None, overwrite: boo
     progress : bool
         Show block progress on stdout.
     on_event : callable, optional
-        ``on_event(kind, fields)`` for warnings, progress milestones, the dashboard link... (see ``rasterflow.run``).
+        ``on_event(kind, fields)`` for warnings, progress milestones, the dashboard link... (see ``rasterflow.commands``).
     handle_signals : bool
         Install SIGINT/SIGTERM/SIGHUP handlers for the run (main thread only) so a stop is clean and reported; off
         by default, because a library must not take over its host's signals.
@@ -160,7 +160,7 @@ def run(spec: Any, *, variables: Mapping[str, str] | None = None, overwrite: boo
     """
     import sys
 
-    from rasterflow.run import DEFAULT_STATE_DIR, run_command
+    from rasterflow.commands import DEFAULT_STATE_DIR, run_command
     from rasterflow.signals import Interrupts
 
     loaded = _loaded(spec, variables)

@@ -44,7 +44,7 @@ the newest; older ones are removed). The report beside an output is never remove
 
 def default_results_path() -> Path:
     """``$RASTERFLOW_RESULTS``, else ``.rasterflow/run_results.json`` in the working directory."""
-    from rasterflow.run import DEFAULT_STATE_DIR
+    from rasterflow.commands import DEFAULT_STATE_DIR
 
     return Path(os.environ.get(RESULTS_ENV) or Path(DEFAULT_STATE_DIR) / "run_results.json")
 

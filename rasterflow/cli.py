@@ -273,7 +273,7 @@ def validate(specs: tuple[str, ...], variables: tuple[str, ...], select: tuple[s
 
 def _static_budget_line(loaded) -> str:
     """Run the static budget check; raises BudgetExceededError when over budget."""
-    from rasterflow.plan import static_check
+    from rasterflow.planning import static_check
 
     from rasterflow.budget import verdict_line
 
@@ -325,7 +325,7 @@ def plan(specs: tuple[str, ...], as_json: bool, fix: bool, variables: tuple[str,
         worst = max(worst, int(problem.exit_code))
     for loaded in loaded_specs:
         try:
-            from rasterflow.run import plan_command
+            from rasterflow.commands import plan_command
 
             result = plan_command(loaded)
             payload = dict(result.payload)
@@ -350,7 +350,7 @@ def plan(specs: tuple[str, ...], as_json: bool, fix: bool, variables: tuple[str,
 
 def _plan_text(specs: tuple[str, ...], fix: bool, variables: dict[str, str], select: tuple[str, ...],
                exclude: tuple[str, ...]) -> int:
-    from rasterflow.run import plan_command
+    from rasterflow.commands import plan_command
 
     loaded_specs, broken = _load_selected(specs, variables, select, exclude)
     worst = 0
@@ -383,7 +383,7 @@ def _plan_text(specs: tuple[str, ...], fix: bool, variables: dict[str, str], sel
 
 def _print_plan(loaded: Any, plan: Any) -> None:
     from rasterflow.budget import ALIGNED_GDAL_CACHEMAX, strip_target
-    from rasterflow.run import assets_applied
+    from rasterflow.commands import assets_applied
     from rasterflow.units import format_bytes
 
     echo = click.secho
@@ -642,7 +642,7 @@ def _run_jobs(jobs: list[tuple[Any, dt.datetime | None]], broken: list[tuple[Pat
               report_path: Path | None, plot: bool, overwrite: bool, results_path: Path | None, dry_run: bool,
               command: str) -> int:
     from rasterflow.batch import argv, default_results_path, invocation_results, prune_state
-    from rasterflow.run import run_command
+    from rasterflow.commands import run_command
     from rasterflow.signals import Interrupts
 
     # a dry run does not replace the last real results (retry reads them) unless a file is named
@@ -720,7 +720,7 @@ def _dry_run_line(loaded: Any, result: Any) -> None:
 @_guarded
 def profile(spec: Path, flamegraph: Path | None, no_memray: bool, variables: tuple[str, ...]) -> int:
     """Run one representative task in-process and print measured vs predicted memory."""
-    from rasterflow.run import profile_command
+    from rasterflow.commands import profile_command
     from rasterflow.spec import load_spec
 
     loaded = load_spec(spec, variables=_parse_vars(variables))
@@ -772,7 +772,7 @@ def schema(write_path: str | None, check_path: str | None) -> int:
 def demo(out_dir: Path | None, spec_path: Path | None, data_dir: Path | None) -> int:
     """Copy the bundled demo spec into a folder of the current directory (or --out), generate the synthetic sample
     scenes there if missing and run the demo pipeline end to end."""
-    from rasterflow.run import demo_command
+    from rasterflow.commands import demo_command
     from rasterflow.signals import Interrupts
 
     view = _RunView("demo")

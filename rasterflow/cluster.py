@@ -13,7 +13,7 @@ Three jobs, each small:
 - :class:`MemorySampler`: per-worker RSS, managed and spilled bytes over time, and stage marks, for the run report.
 
 This is the execution layer: it may import dask and distributed, and it must not import ``rasterflow.graph``,
-``rasterflow.write`` or ``rasterflow.run``.
+``rasterflow.write`` or ``rasterflow.commands``.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class ClusterSettings:
     @classmethod
     def from_spec(cls, cluster: Any, gdal_cachemax: int | None = None) -> ClusterSettings:
         """Build from the validated spec's ``cluster`` section (any object with the same attribute names);
-        ``gdal_cachemax``: the plan's (``auto`` resolved, :attr:`rasterflow.plan.JobPlan.gdal_cachemax`), else the
+        ``gdal_cachemax``: the plan's (``auto`` resolved, :attr:`rasterflow.planning.JobPlan.gdal_cachemax`), else the
         spec's size, or for ``auto`` without a plan the default."""
         from rasterflow.budget import spec_gdal_cachemax
 

@@ -5,11 +5,11 @@ With time whole (the default) the read, mask, bands and reduction of a spatial c
 (:func:`rasterflow.tasks.chunk_reduce`, in a module of its own so that workers need not import Dask's array
 or xarray) that depends on no other task, so no intermediate leaves its task, the chunks spread over
 all workers and no data moves between them. Each task carries only the items whose files meet its chunk (the
-plan's :class:`~rasterflow.plan.ChunkIndex`) and, of those, the asset reads whose files cover it; it reads them one
+plan's :class:`~rasterflow.planning.ChunkIndex`) and, of those, the asset reads whose files cover it; it reads them one
 item at a time and, for a deep series, reduces its chunk in sub-blocks (the budget's ``sub_block``), so its memory
 does not grow with the dates. Every array's layer is a :class:`~rasterflow.layers.TaskLayer`: a task is made when a
 writer's batch asks for it, so the client holds no task per chunk (issue 13, step 4).
-The graph is built from the plan alone (:class:`~rasterflow.plan.JobPlan`), with Dask's public API.
+The graph is built from the plan alone (:class:`~rasterflow.planning.JobPlan`), with Dask's public API.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import xarray as xr
 from dask.highlevelgraph import HighLevelGraph
 
 from rasterflow import kernels, tasks
-from rasterflow.plan import JobPlan
+from rasterflow.planning import JobPlan
 from rasterflow.read import ReadJob
 from rasterflow.tasks import chunk_bands, chunk_reduce
 from rasterflow.layers import TaskLayer

@@ -1,7 +1,7 @@
 """How the CLI shows a run: human lines, or one JSON event per line for a log collector (``--log-format json``).
 
 Event names: ``start``, ``plan``, ``progress``, ``warning``, ``up_to_date``, ``done``, ``error`` (and a few more, see
-:data:`rasterflow.run.Emit`); every event carries ``spec`` (the spec's name) and a UTC ``time``. Stdlib only.
+:data:`rasterflow.commands.Emit`); every event carries ``spec`` (the spec's name) and a UTC ``time``. Stdlib only.
 """
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def plan_tiles(output_path: str, fmt: str, size: int, plan: Any, coords: Mapping
     fmt : {"cog", "zarr"}
     size : int
         ``output.tiling.size``: tile edge in grid pixels.
-    plan : rasterflow.plan.JobPlan
+    plan : rasterflow.planning.JobPlan
         Its grid, and its sources' footprints (which tiles any input touches).
     coords : mapping
         The leading dims of the output (:func:`rasterflow.write.stac.leading_coords`).

@@ -27,9 +27,9 @@ def _cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 120) -
                           env={**os.environ, **(env or {})})
 
 
-def test_import_is_light_and_the_api_names_survive_submodule_imports():
+def test_import_is_light_and_the_api_functions_are_not_shadowed_by_modules():
     code = ("import sys, rasterflow; heavy = [m for m in ('numpy', 'dask', 'xarray', 'rasterio', 'click', 'rich') "
-            "if m in sys.modules]; import rasterflow.plan, rasterflow.run; "
+            "if m in sys.modules]; import rasterflow.planning, rasterflow.commands; "
             "print(heavy, callable(rasterflow.plan), rasterflow.run.__module__, rasterflow.plan.__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["[]", "True", "rasterflow.api", "rasterflow.api"]

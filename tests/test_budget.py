@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from rasterflow import budget
 from rasterflow.cli import cli
 from rasterflow.errors import BudgetExceededError
-from rasterflow.plan import make_plan, static_check
+from rasterflow.planning import make_plan, static_check
 from rasterflow.sizing import MachineInfo, WorkerLayout, size_local_cluster
 from rasterflow.spec import load_spec, load_spec_text
 from rasterflow.spec.models import Spec

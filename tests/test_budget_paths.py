@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from rasterflow import budget, kernels
 from rasterflow.cli import cli
 from rasterflow.expr import parse_expression
-from rasterflow.plan import make_plan
+from rasterflow.planning import make_plan
 from rasterflow.spec import load_spec_text
 from rasterflow.spec.models import Spec
 
@@ -497,7 +497,7 @@ def test_a_fix_runs_within_its_limit_on_a_local_cluster(sample, tmp_path):
     result = CliRunner().invoke(cli, ["plan", str(path), "--fix"])
     assert result.exit_code == 3, result.output
     loaded = load_spec_text(text, path=path)
-    from rasterflow.run import plan_with_items, resolve_layout, search
+    from rasterflow.commands import plan_with_items, resolve_layout, search
 
     plan = plan_with_items(loaded, search(loaded), resolve_layout(loaded.spec))
     assert not plan.report.ok and plan.report.fixes

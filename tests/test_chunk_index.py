@@ -30,7 +30,7 @@ from conftest import spec_text
 from reference import assert_same, load_items, masked_ndvi, reduce_reference
 
 from rasterflow import budget, graph, kernels
-from rasterflow.plan import build_chunk_index, make_plan
+from rasterflow.planning import build_chunk_index, make_plan
 from rasterflow.read import ReadJob, read_planes
 from rasterflow.sizing import WorkerLayout
 from rasterflow.spec import load_spec
@@ -296,7 +296,7 @@ def _bench():
 
 
 def test_index_building_is_linear_in_files(tmp_path):
-    from rasterflow.run import plan_command
+    from rasterflow.commands import plan_command
 
     bench = _bench()
     timings, indexes = [], []

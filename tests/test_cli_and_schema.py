@@ -70,7 +70,7 @@ def test_version():
 
 def test_spec_import_does_not_load_heavy_libraries():
     code = (
-        "import sys, rasterflow.spec, rasterflow.cli, rasterflow.plan, rasterflow.budget, rasterflow.expr; "
+        "import sys, rasterflow.spec, rasterflow.cli, rasterflow.planning, rasterflow.budget, rasterflow.expr; "
         "heavy = [m for m in ('dask', 'xarray', 'rasterio', 'stackstac', 'pystac_client', 'distributed') "
         "if m in sys.modules]; print(heavy)"
     )

@@ -50,7 +50,7 @@ def deflate_sample(tmp_path_factory):
 @pytest.mark.parametrize("decoder", ["tiles", "gdal"])
 def test_the_plan_reads_the_codec_from_a_header_and_charges_it(sample, deflate_sample, tmp_path, monkeypatch, decoder):
     from rasterflow.read import tiles
-    from rasterflow.run import plan_command
+    from rasterflow.commands import plan_command
     from rasterflow.spec import load_spec
 
     if decoder == "gdal":
@@ -80,7 +80,7 @@ def test_no_gdal_cache_is_charged_when_every_read_decodes_its_own_tiles(sample, 
     """Direct local reads through rasterflow.read.tiles never go through GDAL's block cache, so it stays empty;
     with the decoder switched off the same plan charges the cache it fills."""
     from rasterflow.read import tiles
-    from rasterflow.run import plan_command
+    from rasterflow.commands import plan_command
     from rasterflow.spec import load_spec
 
     path = tmp_path / "s.yaml"

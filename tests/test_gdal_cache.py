@@ -22,8 +22,8 @@ from rasterflow.cli import cli
 
 
 def _plan(sample, tmp_path: Path, *, shift_px: int = 0, **kwargs):
-    from rasterflow.plan import local_layout
-    from rasterflow.run import plan_with_items, search
+    from rasterflow.planning import local_layout
+    from rasterflow.commands import plan_with_items, search
     from rasterflow.spec import load_spec
 
     text = spec_text(sample, **kwargs)
@@ -58,8 +58,8 @@ def test_auto_keeps_the_default_where_a_cache_saves_decoding(sample, tmp_path, c
 
 
 def test_auto_keeps_the_default_for_warped_reads(sample, tmp_path):
-    from rasterflow.plan import local_layout
-    from rasterflow.run import plan_with_items, search
+    from rasterflow.planning import local_layout
+    from rasterflow.commands import plan_with_items, search
     from rasterflow.spec import load_spec
 
     spec = tmp_path / "warped.yaml"  # 20 m from 10 m files: every read through a WarpedVRT

@@ -35,7 +35,7 @@ from dask.highlevelgraph import HighLevelGraph
 from reference import load_items
 
 from rasterflow import graph, kernels
-from rasterflow.plan import make_plan
+from rasterflow.planning import make_plan
 from rasterflow.sizing import WorkerLayout
 from rasterflow.spec import load_spec
 
@@ -243,7 +243,7 @@ def _traced(function, *args):
 
 
 def test_client_graph_memory_does_not_grow_with_the_chunks(tmp_path):
-    from rasterflow.run import plan_command
+    from rasterflow.commands import plan_command
     from rasterflow.write.submit import BlockGraph
 
     bench = _bench()

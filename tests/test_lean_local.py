@@ -156,7 +156,7 @@ def test_gdal_block_cache_is_set_in_the_process_and_put_back():
 
 
 def test_auto_is_one_process_when_it_fits_and_worker_processes_when_not(sample, tmp_path):
-    from rasterflow.run import plan_command
+    from rasterflow.commands import plan_command
     from rasterflow.spec import load_spec
 
     fits = tmp_path / "fits.yaml"
@@ -215,7 +215,7 @@ def test_layout_functions_on_a_given_machine():
 
 
 def test_processes_false_over_budget_is_refused_not_moved(sample, tmp_path):
-    from rasterflow.run import plan_command
+    from rasterflow.commands import plan_command
     from rasterflow.spec import load_spec
 
     spec = tmp_path / "refused.yaml"
@@ -278,7 +278,7 @@ def test_validate_checks_the_processes_run_will_start(sample, tmp_path):
     ``auto`` with ``n_workers: auto``, worker processes otherwise, and ``auto`` falls back to worker processes when
     one process does not fit, as the run does; ``processes: false`` over budget is refused (exit code 3)."""
     from rasterflow.errors import BudgetExceededError
-    from rasterflow.plan import static_check
+    from rasterflow.planning import static_check
     from rasterflow.sizing import local_machine
     from rasterflow.spec import load_spec
 

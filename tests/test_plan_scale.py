@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rasterflow.budget import estimate_task_count
-from rasterflow.plan import DECODED_PX_PER_SECOND_PER_THREAD, SCHEDULER_SECONDS_PER_TASK, STARTUP_SECONDS, make_plan
+from rasterflow.planning import DECODED_PX_PER_SECOND_PER_THREAD, SCHEDULER_SECONDS_PER_TASK, STARTUP_SECONDS, make_plan
 from rasterflow.sizing import WorkerLayout
 from rasterflow.spec import load_spec
 from rasterflow.units import format_bytes
@@ -124,7 +124,7 @@ def test_plan_cli_prints_tasks_bytes_wall_and_peak_without_opening_files(tmp_pat
 
 
 def _timed_plan(bench, folder: Path, n_tiles: int, n_dates: int):
-    from rasterflow.run import plan_command
+    from rasterflow.commands import plan_command
 
     spec = bench.write_job(folder, n_tiles, n_dates, chunk=2048)
     loaded = load_spec(spec)

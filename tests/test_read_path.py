@@ -42,8 +42,8 @@ def _spec(sample, tmp_path: Path, name: str = "spec.yaml", **kwargs) -> Path:
 
 
 def _plan(spec: Path):
-    from rasterflow.run import plan_with_items, search
-    from rasterflow.plan import local_layout
+    from rasterflow.commands import plan_with_items, search
+    from rasterflow.planning import local_layout
     from rasterflow.spec import load_spec
 
     loaded = load_spec(spec)
@@ -237,7 +237,7 @@ def test_run_with_a_truncated_file_exits_1_and_names_it(sample, tmp_path):
 
 
 def _grid():
-    from rasterflow.plan import GridPlan
+    from rasterflow.planning import GridPlan
 
     return GridPlan(crs="EPSG:32633", resolution=10.0, bounds=(0.0, 0.0, 100.0, 100.0), shape=(10, 10))
 

@@ -69,7 +69,7 @@ def test_earth_search_item_has_the_boa_flag_and_the_offset_it_already_applied():
 def test_earth_search_items_get_no_boa_offset_warning_since_the_files_are_corrected():
     """The +1000 BOA warning is for catalogs that declare no offset (Planetary Computer): Earth Search's files are
     offset-corrected (its flag), so the offset it declares is dropped and nothing is missing."""
-    from rasterflow.plan import GridPlan
+    from rasterflow.planning import GridPlan
     from rasterflow.sources import resolve_sources
 
     item = load_item("earthsearch_s2_l2a")
@@ -278,7 +278,7 @@ def test_writing_a_full_size_sparse_band_is_fast(tmp_path):
 
 
 def _resolve(name: str, assets: dict[str, str]):
-    from rasterflow.plan import GridPlan
+    from rasterflow.planning import GridPlan
     from rasterflow.sources import resolve_sources
 
     grid = GridPlan(crs="EPSG:32633", resolution=10.0, bounds=(0.0, 0.0, 100.0, 100.0), shape=(10, 10))

@@ -101,8 +101,8 @@ def _write_job(tmp_path: Path, items: list[dict], assets: dict[str, str], grid: 
 
 
 def _plan(spec: Path):
-    from rasterflow.plan import local_layout
-    from rasterflow.run import plan_with_items, search
+    from rasterflow.planning import local_layout
+    from rasterflow.commands import plan_with_items, search
     from rasterflow.spec import load_spec
 
     loaded = load_spec(spec)
@@ -326,8 +326,8 @@ def test_planetary_computer_assets_load_the_source_integers_the_file_headers_dec
 
 
 def test_without_headers_the_files_nodata_still_holds_and_the_mask_sees_raw_values(tmp_path):
-    from rasterflow.plan import local_layout, make_plan
-    from rasterflow.run import search
+    from rasterflow.planning import local_layout, make_plan
+    from rasterflow.commands import search
     from rasterflow.spec import load_spec
 
     grid = _grid_around("EPSG:32647", 96.0, 81.45, 10.0, 96)

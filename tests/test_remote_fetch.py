@@ -20,7 +20,7 @@ from rasterio.windows import Window
 from http_faults import Fault, fault_server
 
 from rasterflow import retry
-from rasterflow.plan import GridPlan
+from rasterflow.planning import GridPlan
 from rasterflow.read import prefetch
 from rasterflow.read.policy import ReadPolicy, collect
 from rasterflow.read.prefetch import task_reads
@@ -364,7 +364,7 @@ def test_the_budget_bounds_the_compressed_bytes_a_task_holds(sample, tmp_path):
     from http_faults import http_items
     from rasterflow import budget
     from rasterflow.cli import cli
-    from rasterflow.run import plan_with_items, resolve_layout, search
+    from rasterflow.commands import plan_with_items, resolve_layout, search
     from rasterflow.spec import load_spec
 
     with fault_server(sample.directory, latency=0.01) as server:

@@ -166,9 +166,9 @@ def test_read_statistics_merge_across_processes_and_the_quota_is_a_share_of_file
 def _read_window(sample, catalog, tmp_path, policy):
     """Read the first 96 x 96 window of every item and asset in this process, under ``policy``."""
     from rasterflow.graph import read_jobs
-    from rasterflow.plan import local_layout, make_plan
+    from rasterflow.planning import local_layout, make_plan
     from rasterflow.read import read_planes
-    from rasterflow.run import search
+    from rasterflow.commands import search
     from rasterflow.spec import load_spec
 
     loaded = load_spec(_spec(sample, tmp_path / f"read-{time.monotonic_ns()}.yaml", catalog, output="o.zarr"))

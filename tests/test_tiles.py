@@ -195,8 +195,8 @@ def test_the_reader_uses_the_path_and_reads_what_gdal_reads(sample, tmp_path, mo
 
 def _sample_job(sample, tmp_path):
     from rasterflow.graph import local_read_job
-    from rasterflow.plan import local_layout
-    from rasterflow.run import plan_with_items, search
+    from rasterflow.planning import local_layout
+    from rasterflow.commands import plan_with_items, search
     from rasterflow.spec import load_spec
 
     from conftest import spec_text

@@ -354,6 +354,6 @@ def test_layering():
     assert {p.name for p in package} >= {"__init__.py", "query.py", "local.py", "api.py", "probe.py"}
     imported = {path.name: _imports(path) for path in package}
     assert "rasterflow.spec.timeparse" in imported["query.py"]
-    runtime = ("rasterflow.run", "rasterflow.graph", "rasterflow.cli", "rasterflow.write", "rasterflow.kernels")
+    runtime = ("rasterflow.commands", "rasterflow.graph", "rasterflow.cli", "rasterflow.write", "rasterflow.kernels")
     for name, modules in imported.items():
         assert not any(m.startswith(runtime) for m in modules), name

@@ -54,7 +54,7 @@ class ReadJob:
     """``[item][asset]`` in the order of ``assets``."""
     assets: tuple[AssetSource, ...]
     grid: Any
-    """The output :class:`~rasterflow.plan.GridPlan`."""
+    """The output :class:`~rasterflow.planning.GridPlan`."""
     resampling: str
     policy: ReadPolicy | None = None
     """The run's read policy, carried by every task (retries, failure policy, signing, I/O settings): two runs on

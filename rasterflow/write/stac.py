@@ -171,7 +171,7 @@ def describe_run(plan: Any, *, window: tuple[dt.datetime | None, dt.datetime | N
 
     Parameters
     ----------
-    plan : rasterflow.plan.JobPlan
+    plan : rasterflow.planning.JobPlan
         A plan made with the searched items.
     window : (start, end)
         The search window (``DatetimeWindow.resolve()``); an open end is replaced by the first / last item's time.
@@ -525,7 +525,7 @@ def write_stac(
     ----------
     result : rasterflow.write.WriteResult
         What the writer produced (its ``paths`` exist and are complete).
-    plan : rasterflow.plan.JobPlan
+    plan : rasterflow.planning.JobPlan
         The plan the outputs were computed from (grid, items, bands).
     description : RunDescription
         From :func:`describe_run`.

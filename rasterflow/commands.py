@@ -24,7 +24,7 @@ from typing import Any, Callable, TextIO
 
 from rasterflow import budget
 from rasterflow.errors import ExitCode, OutputLocationError, RasterflowError, RunFailedError, RunInterrupted
-from rasterflow.plan import JobPlan, check_items, local_layout, make_plan
+from rasterflow.planning import JobPlan, check_items, local_layout, make_plan
 from rasterflow.signals import Interrupts
 
 __all__ = [
@@ -147,7 +147,7 @@ def remote_probe(item: dict, key: str, policy: Any, reader: str) -> tuple[Any, A
     """For a remote first file the concurrent reader reads (http(s), s3): its header through that reader, timed
     -> ``(FileHeader, RemoteProbe)``; None when the file is local, left to GDAL or did not answer (then GDAL's
     header read gives the advice, and nothing is said of the network)."""
-    from rasterflow.plan import RemoteProbe
+    from rasterflow.planning import RemoteProbe
     from rasterflow.sources import AssetRead, FileHeader
 
     href = str(((item.get("assets") or {}).get(key) or {}).get("href") or "")
