@@ -1,7 +1,7 @@
 """Sizing Dask workers on one node (DOMAIN.md, "Sizing workers on one node"): pure arithmetic.
 
 Shared by the static budget check (which must know the per-worker limit before anything starts) and by
-``cluster.py`` (which starts the LocalCluster with exactly these numbers).
+``rasterflow.cluster`` (which starts the LocalCluster with exactly these numbers).
 """
 
 from __future__ import annotations
