@@ -137,10 +137,18 @@ def plan_with_items(loaded: Any, items: list[dict], layout: Any) -> JobPlan:
         else:
             advice = header_reader(quick)
             header = headers[keys[0]] if keys[0] in headers else source_header(items[:1], keys[0], advice)
-    if header is None or (header.tile_shape is None and header.compression is None):
-        return plan
-    return make_plan(spec, items=items, layout=layout, source_tile=header.tile_shape, headers=headers,
-                     source_codec=header.compression, remote=probed)
+    if header is not None and (header.tile_shape is not None or header.compression is not None):
+        plan = make_plan(spec, items=items, layout=layout, source_tile=header.tile_shape, headers=headers,
+                         source_codec=header.compression, remote=probed)
+    return _located(loaded, plan)
+
+
+def _located(loaded: Any, plan: JobPlan) -> JobPlan:
+    """The plan with the paths the spec gives relative to its own folder made absolute (the catalog, for the
+    output's STAC links): after this, nothing needs the loaded spec."""
+    from dataclasses import replace
+
+    return replace(plan, output=replace(plan.output, catalog=loaded.resolve(plan.output.catalog)))
 
 
 def remote_probe(item: dict, key: str, policy: Any, reader: str) -> tuple[Any, Any] | None:
@@ -382,7 +390,7 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
         job_id = fingerprint(loaded, plan)
         report_fingerprint(report, job_id)
         # Now that the items are known, so are all the files a COG run writes (one per period / quantile).
-        tiles = _tile_layout(spec, output_path, fmt, plan)
+        tiles = _tile_layout(plan, output_path)
         if tiles is not None:  # output.tiling: every tile's files, ours and finished by their markers
             from rasterflow.tiling import inspect_tiles
 
@@ -411,7 +419,7 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
             writing = True
             for leftover in leftover_temp_files(expected):
                 write.common.remove(leftover)  # a killed run's hidden temp file; we hold the lock, so nobody owns it
-            result = _execute(loaded, run_plan, output_path, fmt, job_id, report, StageTimer(report.stage_seconds),
+            result = _execute(run_plan, output_path, job_id, report, StageTimer(report.stage_seconds),
                               # replace only what was ours when decided; whatever appears meanwhile stays
                               replace=policy != "error" and not existing.empty, emit=emit,
                               progress_stream=progress_stream,
@@ -665,16 +673,16 @@ def _record_plan(report: Any, plan: JobPlan) -> None:
     report.memory_limit = plan.layout.memory_limit
 
 
-def _tile_layout(spec: Any, output_path: str, fmt: str, plan: JobPlan) -> Any:
+def _tile_layout(plan: JobPlan, output_path: str) -> Any:
     """The tiles of ``output.tiling`` (None without it)."""
-    if spec.output.tiling is None:
+    if plan.output.tiling_size is None:
         return None
     from rasterflow.tiling import plan_tiles
 
-    return plan_tiles(output_path, fmt, spec.output.tiling.size, plan, _leading_coords(plan))
+    return plan_tiles(output_path, plan.output.format, plan.output.tiling_size, plan, _leading_coords(plan))
 
 
-def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str, report: Any, timer: Any, *,
+def _execute(plan: JobPlan, output_path: str, job_id: str, report: Any, timer: Any, *,
              replace: bool, emit: Emit, progress_stream: TextIO | None, interrupts: Interrupts, counts: list[int],
              log_path: str | None, tiles: Any = None, redo_all: bool = False):
     from rasterflow import graph, write
@@ -682,7 +690,7 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
     from rasterflow.logs import worker_log_env
     from rasterflow.signals import start_resource_tracker_deaf_to_hangups
 
-    spec = loaded.spec
+    fmt, out = plan.output.format, plan.output
 
     def on_progress(done: int, total: int) -> None:
         interrupts.check()  # a signal whose exception Python swallowed (it landed in a __del__) still stops the run
@@ -696,7 +704,7 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
         start_resource_tracker_deaf_to_hangups()
     with ExitStack() as stack:
         with timer("cluster start"), worker_log_env(log_path):
-            handle = stack.enter_context(open_cluster(ClusterSettings.from_spec(spec.cluster, plan.gdal_cachemax),
+            handle = stack.enter_context(open_cluster(ClusterSettings.from_spec(plan.cluster, plan.gdal_cachemax),
                                                       plan.layout))
         report.cluster = {**handle.as_dict(), "gdal_cachemax": plan.gdal_cachemax}  # each worker's GDAL cache
         if log_path:
@@ -705,9 +713,11 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
             emit("dashboard", {"link": handle.dashboard_link})
         sampler = MemorySampler(handle.client)
         stack.callback(report.record_memory, sampler)  # kept when the run fails or is interrupted (issue 10)
-        from rasterflow.read.policy import job_hrefs, policy_from_spec, read_monitor  # issue 9: retries, failures
+        from rasterflow.read.policy import job_hrefs, read_monitor  # issue 9: retries, failures
 
-        policy = plan.read_policy or policy_from_spec(spec.source, job_hrefs(plan), plan.round_trip)
+        if plan.read_policy is None:
+            raise ValueError("a run needs a plan made with the searched items")
+        policy = plan.read_policy
         reads = stack.enter_context(read_monitor(handle.client, policy, job_hrefs(plan), report))
         with sampler:
             timer.on_start = sampler.mark
@@ -716,17 +726,17 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
             progress = CountingProgress(label="blocks", done_word="written", stream=progress_stream or _NullStream(),
                                         interactive=None if progress_stream is not None else False)
             with timer("compute+write"), progress:
-                description, encoding, options = _output_options(loaded, plan, fmt, output_path)
+                description, encoding, options = _output_options(plan, output_path)
                 if tiles is not None:
-                    result = _write_tiles(loaded, plan, dataset, tiles, fmt, job_id, description, encoding, options,
+                    result = _write_tiles(plan, dataset, tiles, job_id, description, encoding, options,
                                           client=handle.client, progress=on_progress, redo_all=redo_all)
                 elif fmt == "zarr":
                     result = write.write_zarr(dataset, output_path, overwrite=replace,
-                                              compression=spec.output.compression, fingerprint=job_id,
+                                              compression=out.compression, fingerprint=job_id,
                                               client=handle.client, progress=on_progress, **options)
                 else:
                     result = write.write_cog(dataset, output_path, overwrite=replace,
-                                             compression=spec.output.compression,
+                                             compression=out.compression,
                                              gdal_cachemax=plan.writer_cachemax,
                                              client=handle.client, progress=on_progress, **options)
             timer.on_start = None
@@ -741,13 +751,13 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
             from rasterflow.write.stac import StacContext
 
             vrts = finish_tiles(tiles, result, StacContext(plan, description, output_path, encoding,
-                                                           library_versions(), loaded.resolve(spec.source.stac.catalog)),
+                                                           library_versions(), out.catalog),
                                 band_names=list(plan.program.band_names) if plan.program else [],
-                                blocksize=spec.output.cog.blocksize)
+                                blocksize=out.cog_blocksize)
             result = _replaced(result, paths=result.paths + vrts)
         else:
             write_stac(result, plan, description, output_path=output_path, encoding=encoding,
-                       software=library_versions(), catalog=loaded.resolve(spec.source.stac.catalog))
+                       software=library_versions(), catalog=out.catalog)
     from rasterflow.cluster import process_peak_since_sample
 
     # the STAC stage ran after the sampler stopped (it reads a COG back for its statistics): its peak still counts
@@ -757,7 +767,7 @@ def _execute(loaded: Any, plan: JobPlan, output_path: str, fmt: str, job_id: str
     return result
 
 
-def _write_tiles(loaded: Any, plan: JobPlan, dataset: Any, tiles: Any, fmt: str, job_id: str, description: Any,
+def _write_tiles(plan: JobPlan, dataset: Any, tiles: Any, job_id: str, description: Any,
                  encoding: Any, options: dict, *, client: Any, progress: Any, redo_all: bool) -> Any:
     """``output.tiling``: the tiles not finished by this job, each with the format's writer (rasterflow.tiling)."""
     from rasterflow import write
@@ -765,44 +775,43 @@ def _write_tiles(loaded: Any, plan: JobPlan, dataset: Any, tiles: Any, fmt: str,
     from rasterflow.tiling import tiles_to_write, write_tiles
     from rasterflow.write.stac import StacContext
 
-    spec = loaded.spec
+    fmt, out = plan.output.format, plan.output
     options = {k: v for k, v in options.items() if k != "file_metadata"}  # per tile: its own files' tags
 
     def write_one(ds: Any, path: str, *, overwrite: bool, progress: Any, file_metadata: Any) -> Any:
         if fmt == "zarr":
-            return write.write_zarr(ds, path, overwrite=overwrite, compression=spec.output.compression,
+            return write.write_zarr(ds, path, overwrite=overwrite, compression=out.compression,
                                     fingerprint=job_id, client=client, progress=progress, **options)
-        return write.write_cog(ds, path, overwrite=overwrite, compression=spec.output.compression,
+        return write.write_cog(ds, path, overwrite=overwrite, compression=out.compression,
                                gdal_cachemax=plan.writer_cachemax, client=client,
                                progress=progress, file_metadata=file_metadata, **options)
 
     todo, kept = tiles_to_write(tiles, job_id, redo_all=redo_all)
-    stac = StacContext(plan, description, tiles.output_path, encoding, library_versions(),
-                       loaded.resolve(spec.source.stac.catalog))
+    stac = StacContext(plan, description, tiles.output_path, encoding, library_versions(), out.catalog)
     return write_tiles(dataset, tiles, todo, kept, fingerprint=job_id, write_one=write_one, stac=stac,
                        progress=progress)
 
 
-def _output_options(loaded: Any, plan: JobPlan, fmt: str, output_path: str) -> tuple[Any, Any, dict]:
-    """Issue 12: the run's description, the resolved encoding and the writer options of ``spec.output``."""
+def _output_options(plan: JobPlan, output_path: str) -> tuple[Any, Any, dict]:
+    """Issue 12: the run's description, the resolved encoding and the writer options of the plan's output."""
     from rasterflow.spec.timeparse import parse_datetime_window
     from rasterflow.write.common import Encoding
     from rasterflow.write.stac import cog_file_metadata, describe_run
 
-    spec = loaded.spec
-    out = spec.output
-    description = describe_run(plan, window=parse_datetime_window(spec.source.stac.datetime).resolve(),
-                               period=spec.reduce.period if spec.reduce else None, mask=spec.mask)
-    encoding = Encoding(dtype=out.encoding.dtype, scale=out.encoding.scale, offset=out.encoding.offset,
-                        nodata=out.encoding.nodata).resolved(plan.program.dtype if plan.program else "float32")
+    out = plan.output
+    description = describe_run(plan, window=parse_datetime_window(out.datetime).resolve(), period=out.period,
+                               mask=out.mask)
+    enc = out.encoding
+    encoding = Encoding(dtype=enc.dtype, scale=enc.scale, offset=enc.offset,
+                        nodata=enc.nodata).resolved(plan.program.dtype if plan.program else "float32")
     options: dict[str, Any] = {"encoding": encoding, "metadata": description.attrs()}
-    if fmt == "zarr":
+    if out.format == "zarr":
         options["zarr_format"] = out.zarr_format
         if out.zarr_shards is not None:
             options["shards"] = out.zarr_shards
     else:
-        options.update(blocksize=out.cog.blocksize, resampling=out.cog.overview_resampling,
-                       predictor=out.cog.predictor,
+        options.update(blocksize=out.cog_blocksize, resampling=out.cog_overview_resampling,
+                       predictor=out.cog_predictor,
                        file_metadata=cog_file_metadata(description, output_path, plan))
     return description, encoding, options
 
@@ -831,7 +840,7 @@ def profile_command(loaded: Any, *, flamegraph: str | None = None, use_memray: b
     plan = plan_with_items(loaded, search(loaded), local_layout(spec))
     if not plan.report.ok:
         emit("warning", {"message": "the budget check refuses this spec; profiling one task anyway"})
-    result = profile_one_task(plan, spec, use_memray=use_memray, flamegraph=flamegraph)
+    result = profile_one_task(plan, use_memray=use_memray, flamegraph=flamegraph)
     return list(result.lines())
 
 

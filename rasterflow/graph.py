@@ -180,16 +180,18 @@ def build_dataset(plan: JobPlan) -> xr.Dataset:
     n_bands = len(program.bands)
 
     keep_period, keep_quantile = bool(plan.period_labels), plan.quantile_dim
-    if program.reduce_method is None:
+    path = plan.code_path  # the budget's choice, so the memory it checked is that of the tasks built here
+    if path == "series":
         bands = _task_array(plan, "rasterflow-bands", chunk_bands, item_chunks, (date_chunks, (n_bands,)),
                             program.dtype)
         variables = {name: (("time", "y", "x"), _series_band(bands, index, name))
                      for index, name in enumerate(program.band_names)}
         coords["time"] = np.array([np.datetime64(t, "ns") for t in plan.times])
-    elif len(item_chunks) == 1 or program.steps:
-        fused = _task_array(plan, f"rasterflow-{program.reduce_method}", chunk_reduce, item_chunks,
+    elif path == "fused":
+        fused = _task_array(plan, f"rasterflow-{program.reduce_method}", chunk_reduce,
+                            (n_items,) if program.steps else item_chunks,
                             ((program.n_groups,), (program.n_quantiles,), (n_bands,)), program.dtype,
-                            (plan.report.sub_block,))
+                            (plan.sub_block,))
         variables = {name: _reduced_band(fused, index, name, keep_period, keep_quantile)
                      for index, name in enumerate(program.band_names)}
     else:

@@ -1,7 +1,9 @@
 """A resolved job as frozen values: the grid, the chunks, the worker layout, the items and the budget verdict.
 
-Planning is pure: no network and no Dask here. The catalog search and the cluster query happen in ``run.py``,
-which hands their results (item dicts, a :class:`~rasterflow.sizing.WorkerLayout`) to :func:`make_plan`.
+Planning is pure: no network and no Dask here. The catalog search and the cluster query happen in
+``rasterflow.commands``, which hands their results (item dicts, a :class:`~rasterflow.sizing.WorkerLayout`) to
+:func:`make_plan`. The :class:`JobPlan` holds every decision a run executes (the code path and its sub-blocks, the
+read policy, the output and the cluster): nothing after :func:`make_plan` reads the spec.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from rasterflow.sizing import WorkerLayout, local_machine, size_local_run
 from rasterflow.units import format_bytes
 
 __all__ = [
-    "ChunkIndex", "GridPlan", "JobCost", "JobPlan", "build_chunk_index", "tiles_on_chunk_edges", "job_cost", "resolve_grid", "local_layout", "budget_inputs", "make_plan", "static_check",
+    "ChunkIndex", "ClusterPlan", "EncodingPlan", "GridPlan", "OutputPlan", "cluster_plan", "output_plan", "JobCost", "JobPlan", "build_chunk_index", "tiles_on_chunk_edges", "job_cost", "resolve_grid", "local_layout", "budget_inputs", "make_plan", "static_check",
     "check_items", "output_dates",
 ]
 
@@ -61,6 +63,95 @@ the compute stage and ~0.7 s fixed inside it)."""
 
 SCHEDULER_SECONDS_PER_TASK = 1e-3
 """The Dask scheduler's cost per task (the budget's ~1 ms): serial, so a floor on the wall time of many tasks."""
+
+
+@dataclass(frozen=True)
+class EncodingPlan:
+    """``output.encoding`` as given (None = the writer's default for the data type)."""
+
+    dtype: str | None = None
+    scale: float = 1.0
+    offset: float = 0.0
+    nodata: float | None = None
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    """What the writers, the STAC documents and the run's description need of ``output`` (and of the search window,
+    the period and the mask, which describe the output)."""
+
+    format: str = "zarr"
+    """``zarr`` or ``cog`` (given, or from the path's extension)."""
+    path: str = ""
+    """``output.path`` as written (dated paths are rendered by the run, which knows the time it ends at)."""
+    policy: str = "error"
+    """The effective ``if_exists``."""
+    compression: str = "zstd"
+    encoding: EncodingPlan = field(default_factory=EncodingPlan)
+    zarr_format: int = 2
+    zarr_shards: int | None = None
+    cog_blocksize: int = 512
+    cog_overview_resampling: str = "average"
+    cog_predictor: str = "auto"
+    tiling_size: int | None = None
+    """``output.tiling.size`` (None: one output)."""
+    datetime: str = ""
+    """``source.stac.datetime`` as written: the run resolves a relative window against its own clock."""
+    period: str | None = None
+    """``reduce.period``."""
+    mask: str | None = None
+    """The mask expression's text."""
+    catalog: str = ""
+    """``source.stac.catalog`` (a local path made absolute against the spec's folder by the caller)."""
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Dask's worker memory thresholds (fractions of the memory limit)."""
+
+    target: float = 0.6
+    spill: float = 0.7
+    pause: float = 0.8
+    terminate: float = 0.95
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    """``cluster`` as plain values, with the attribute names :meth:`rasterflow.cluster.ClusterSettings.from_spec`
+    reads (``gdal_cachemax`` here is the spec's; the run uses :attr:`JobPlan.gdal_cachemax`, ``auto`` resolved)."""
+
+    address: str | None = None
+    n_workers: int | str = "auto"
+    threads_per_worker: int = 1
+    memory_limit: int | str = "auto"
+    gdal_cachemax: int | str = "auto"
+    processes: bool | str = "auto"
+    memory: MemoryPlan = field(default_factory=MemoryPlan)
+
+
+def output_plan(spec: Any) -> OutputPlan:
+    """The :class:`OutputPlan` of a validated spec."""
+    out = spec.output
+    enc = out.encoding
+    return OutputPlan(
+        format=out.resolved_format, path=out.path, policy=out.policy, compression=out.compression,
+        encoding=EncodingPlan(dtype=enc.dtype, scale=float(enc.scale), offset=float(enc.offset),
+                              nodata=None if enc.nodata is None else float(enc.nodata)),
+        zarr_format=int(out.zarr_format), zarr_shards=out.zarr_shards, cog_blocksize=int(out.cog.blocksize),
+        cog_overview_resampling=out.cog.overview_resampling, cog_predictor=out.cog.predictor,
+        tiling_size=None if out.tiling is None else int(out.tiling.size),
+        datetime=str(spec.source.stac.datetime), period=spec.reduce.period if spec.reduce else None,
+        mask=spec.mask, catalog=str(spec.source.stac.catalog))
+
+
+def cluster_plan(spec: Any) -> ClusterPlan:
+    """The :class:`ClusterPlan` of a validated spec."""
+    c = spec.cluster
+    m = c.memory
+    return ClusterPlan(address=c.address, n_workers=c.n_workers, threads_per_worker=int(c.threads_per_worker),
+                       memory_limit=c.memory_limit, gdal_cachemax=c.gdal_cachemax, processes=c.processes,
+                       memory=MemoryPlan(target=float(m.target), spill=float(m.spill), pause=float(m.pause),
+                                         terminate=float(m.terminate)))
 
 
 @dataclass(frozen=True)
@@ -483,6 +574,20 @@ class JobPlan:
     read_policy: ReadPolicy | None = None
     """How every read of the run behaves (retries, failure policy, signing, I/O), with the run's id: carried by each
     task (:attr:`rasterflow.read.ReadJob.policy`), not set per worker process (None for a static plan)."""
+    output: OutputPlan = field(default_factory=OutputPlan)
+    """Where and how the result is written."""
+    cluster: ClusterPlan = field(default_factory=ClusterPlan)
+    """What the run computes on (the worker layout itself is :attr:`layout`)."""
+
+    @property
+    def code_path(self) -> str:
+        """The code path the budget chose and the tasks run: ``fused``, ``tree`` or ``series``."""
+        return self.report.path
+
+    @property
+    def sub_block(self) -> tuple[int, int]:
+        """``(rows, cols)`` a fused task reduces its chunk in; ``(0, 0)`` = the whole chunk."""
+        return self.report.sub_block
 
     @property
     def gdal_cachemax(self) -> int:
@@ -665,6 +770,7 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
         read_policy=None if sources is None else policy_from_spec(
             spec.source, [read.href for reads in sources.reads for read in reads if read is not None],
             remote.round_trip if remote is not None else None),
+        output=output_plan(spec), cluster=cluster_plan(spec),
     )
 
 

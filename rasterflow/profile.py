@@ -66,14 +66,14 @@ def _middle_block(array: Any) -> tuple[int, ...]:
     return tuple(n // 2 for n in array.numblocks)
 
 
-def profile_one_task(plan: Any, spec: Any, *, use_memray: bool = True, flamegraph: str | None = None,
+def profile_one_task(plan: Any, *, use_memray: bool = True, flamegraph: str | None = None,
                      top: int = 8) -> TaskProfile:
     """Compute the middle chunk of the first output variable in this process and measure its peak memory."""
     import dask
 
     from rasterflow import graph
 
-    from rasterflow.read.policy import current_policy, job_hrefs, policy_from_spec, set_policy
+    from rasterflow.read.policy import current_policy, set_policy
 
     dataset = graph.build_dataset(plan)
     variable = dataset[next(iter(dataset.data_vars))].data
@@ -81,7 +81,9 @@ def profile_one_task(plan: Any, spec: Any, *, use_memray: bool = True, flamegrap
     block = variable.blocks[index]
     os.environ.setdefault("GDAL_CACHEMAX", str(plan.gdal_cachemax))
     # the task reads as a run's would: the spec's retries, on_read_error and signer, not the defaults
-    policy = plan.read_policy or policy_from_spec(spec.source, job_hrefs(plan), plan.round_trip)
+    if plan.read_policy is None:
+        raise ValueError("profiling needs a plan made with the searched items")
+    policy = plan.read_policy
 
     def compute() -> None:
         previous = current_policy()

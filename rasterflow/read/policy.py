@@ -1,10 +1,10 @@
 """The read policy of a run on the workers, and the read statistics that come back from them.
 
 :class:`ReadPolicy` is what every read of a run obeys: the retry policy, ``on_read_error`` (``fail`` | ``nodata``),
-the signer, the GDAL options. The client puts it on every worker with a Dask worker plugin
-(:mod:`rasterflow.read.worker`, registered by :func:`read_monitor`): plugins reach the workers of an existing
-cluster and workers that join or restart later, and run before any task of the run. In a process without workers
-(``rasterflow profile``) :func:`set_policy` sets it directly.
+the signer, the GDAL options. It travels inside every task (:attr:`rasterflow.read.ReadJob.policy`, from
+:attr:`rasterflow.planning.JobPlan.read_policy`), so runs sharing one cluster never see each other's; no worker
+holds a run's policy. :func:`set_policy` sets the policy of this process's own reads outside tasks (the
+run's client, ``rasterflow profile``), restored when the run ends.
 
 Each worker process counts, per run, the retries per href and every read that failed for good
 (:func:`record_retry`, :func:`record_failure`; thread-safe). When the computation ends, successful or not, the
@@ -364,11 +364,11 @@ def read_monitor(client: Any, policy: ReadPolicy, hrefs: Iterable[str], report: 
     files = len(set(hrefs))
     previous = _POLICY
     set_policy(policy)
-    plugin_name = f"rasterflow-read-policy-{policy.run_id}"
-    if client is not None:
-        from rasterflow.read.worker import ReadPolicyPlugin
+    plugin_name = f"rasterflow-process-env-{policy.run_id}"
+    if client is not None:  # the policy itself travels inside each task (ReadJob.policy), never per worker
+        from rasterflow.read.worker import ProcessEnvPlugin
 
-        client.register_plugin(ReadPolicyPlugin(policy), name=plugin_name)
+        client.register_plugin(ProcessEnvPlugin(), name=plugin_name)
     if report is not None:
         report.gdal_options = {"reads": policy.gdal_options(), "aws_env": aws_env_summary()}
     summary = None

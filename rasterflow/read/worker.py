@@ -1,10 +1,12 @@
-"""The Dask worker plugin that puts a run's :class:`~rasterflow.read.policy.ReadPolicy` on every worker.
+"""Dask worker plugins for what is per worker *process*, not per run: GDAL's settings read once per process.
 
-Imported only where a distributed client exists. ``setup`` runs on every current worker when the plugin is
-registered and on every worker that starts later (a restarted one too), before it runs a task of the run: it sets
-the policy in the worker process, and in its environment the GDAL settings read once per process (the size of
-GDAL's shared HTTP cache: it takes effect when GDAL has not started yet), without replacing what the worker's
-environment already sets. The other GDAL settings are set around each read (:meth:`ReadPolicy.gdal_options`).
+Imported only where a distributed client exists. A run's :class:`~rasterflow.read.policy.ReadPolicy` is not set
+here: it travels inside every task (:attr:`rasterflow.read.ReadJob.policy`), so two runs sharing a cluster each
+read under their own. :class:`ProcessEnvPlugin`'s ``setup`` runs on every current worker when registered and on
+every worker that starts later (a restarted one too): it sets in the worker's environment the GDAL settings read
+once per process (the size of GDAL's shared HTTP cache: it takes effect when GDAL has not started yet), without
+replacing what the worker's environment already sets. The other GDAL settings are set around each read
+(:meth:`ReadPolicy.gdal_options`).
 
 :class:`GdalCachePlugin` does the same for the size of GDAL's block cache on a cluster rasterflow did not start
 (a LocalCluster's workers get ``GDAL_CACHEMAX`` in their environment at spawn; a user's ``dask worker`` has GDAL's
@@ -18,25 +20,16 @@ import os
 from distributed import WorkerPlugin
 
 from rasterflow.gdalenv import process_env
-from rasterflow.read.policy import ReadPolicy, current_policy, set_policy
 
-__all__ = ["ReadPolicyPlugin", "GdalCachePlugin"]
+__all__ = ["ProcessEnvPlugin", "GdalCachePlugin"]
 
 
-class ReadPolicyPlugin(WorkerPlugin):
-    """Set ``policy`` in each worker process (see the module docstring)."""
-
-    def __init__(self, policy: ReadPolicy):
-        self.policy = policy
+class ProcessEnvPlugin(WorkerPlugin):
+    """Set GDAL's once-per-process settings in each worker's environment (see the module docstring)."""
 
     def setup(self, worker) -> None:
         for key, value in process_env().items():
             os.environ.setdefault(key, value)
-        set_policy(self.policy)
-
-    def teardown(self, worker) -> None:
-        if current_policy().run_id == self.policy.run_id:
-            set_policy(None)
 
 
 class GdalCachePlugin(WorkerPlugin):
