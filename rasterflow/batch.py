@@ -20,12 +20,12 @@ import glob
 import json
 import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from rasterflow.atomic import write_text_atomic
 from rasterflow.errors import UsageError
 
 __all__ = ["expand_spec_paths", "matches", "ResultsFile", "default_results_path", "RETRY_STATUSES", "RESULTS_ENV",
@@ -134,7 +134,8 @@ class ResultsFile:
         """Write atomically (a temporary file beside it, then a rename), and the pointer copy when there is one."""
         text = json.dumps(self.to_dict(finished), indent=2, default=str) + "\n"
         for target in [self.path] + ([self.pointer] if self.pointer is not None else []):
-            _write_atomically(target, text)
+            # as written before the shared helper: private (0600, mkstemp's mode) and not synced to the disk
+            write_text_atomic(target, text, mode=0o600, fsync=False)
         return self.path
 
     @staticmethod
@@ -155,18 +156,6 @@ class ResultsFile:
         if not isinstance(data, dict) or not isinstance(data.get("results"), list):
             raise UsageError(f"{path} is not a rasterflow results file")
         return data
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _results_dir(pointer: Path) -> Path:

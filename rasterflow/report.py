@@ -16,7 +16,6 @@ import os
 import platform
 import re
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from rasterflow import compiled
+from rasterflow.atomic import write_text_atomic
 from rasterflow.units import format_bytes
 
 __all__ = [
@@ -132,20 +132,6 @@ def library_versions() -> dict[str, str | None]:
     order = ["python", "numpy", "dask", "distributed", "xarray", "rasterio", "gdal", "stackstac", "pystac_client", "zarr",
              "compiled_kernels", "tile_decoder"]
     return {key: versions[key] for key in order}
-
-
-def _umask() -> int:
-    """The process umask, read without changing it where Linux tells it (os.umask() would, for every thread)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def default_report_path(output_path: str) -> str:
@@ -316,23 +302,13 @@ class RunReport:
         return cls.from_json(Path(path).read_text())
 
     def write(self, path: str | os.PathLike) -> Path:
-        """Write the JSON atomically: serialise first, write a temporary file beside ``path``, then rename."""
-        path = Path(path)
+        """Write the JSON atomically: serialise first, write a temporary file beside ``path``, then rename.
+
+        The file gets the permissions of the outputs it sits beside (``0o666`` minus the umask) and is synced to the
+        disk before the rename (:func:`rasterflow.atomic.write_text_atomic`).
+        """
         text = self.to_json()  # fails before anything is touched
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        # mkstemp creates 0600; a report gets the permissions of the outputs it sits beside (0666 minus the umask)
-        os.chmod(tmp, 0o666 & ~_umask())
-        try:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_text_atomic(path, text)
 
     # ---- summary ------------------------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from rio_cogeo.cogeo import cog_validate
 
 from rasterflow.errors import RunFailedError
 from rasterflow.write import cog as cog_module
-from rasterflow.write import cogtiles, stac, write_cog
+from rasterflow.write import cogtiles, stac, stacstats, write_cog
 from rasterflow.write.common import Encoding
 
 CRS = "EPSG:32633"
@@ -156,8 +156,8 @@ def test_worker_tiles_make_the_cog_gdal_makes(tmp_path, monkeypatch, assembled, 
         levels = len(src.overviews(1))
         # the STAC statistics the workers computed tile by tile: the same numbers as reading the file back, and
         # NumPy's of the stored values
-        from_tiles = stac._tile_statistics(result.statistics[fast], len(names))
-        assert from_tiles == stac._cog_statistics(fast)
+        from_tiles = stacstats.tile_statistics(result.statistics[fast], len(names))
+        assert from_tiles == stacstats.cog_statistics(fast)
         for band, stat in enumerate(from_tiles, start=1):
             valid = src.read(band, masked=True).compressed().astype(np.float64)
             assert stat["minimum"] == valid.min() and stat["maximum"] == valid.max()

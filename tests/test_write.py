@@ -685,7 +685,7 @@ def test_period_time_ranges_match_the_period_labels():
     import datetime as dt
 
     from rasterflow.kernels import period_labels
-    from rasterflow.write.stac import _period_bounds
+    from rasterflow.write.describe import _period_bounds
 
     utc = dt.timezone.utc
     last = dt.timedelta(microseconds=1)

@@ -12,7 +12,7 @@ import pytest
 import xarray as xr
 import zarr
 
-from rasterflow.write.stac import BlockStats, _zarr_statistics
+from rasterflow.write.stacstats import BlockStats, zarr_statistics
 from rasterflow.write.zarr import write_zarr
 
 SHAPE, CHUNK = (2, 150, 170), (1, 64, 64)  # a leading axis, edge chunks on both spatial axes
@@ -44,8 +44,8 @@ def test_the_write_tasks_return_what_reading_back_gives(tmp_path, zarr_format, s
             assert stats == BlockStats.of(np.asarray(array[region]), None if array.fill_value is None
                                           else float(array.fill_value)), (name, index)
     names = ["ndvi", "wet"]
-    from_tasks = _zarr_statistics(path, names, result.statistics)
-    assert from_tasks == _zarr_statistics(path, names)  # bit for bit: the same chunks added in the same order
+    from_tasks = zarr_statistics(path, names, result.statistics)
+    assert from_tasks == zarr_statistics(path, names)  # bit for bit: the same chunks added in the same order
     values = group["ndvi"][...]
     valid = values[~np.isnan(values)].astype(np.float64)
     stats = from_tasks[0]
@@ -59,14 +59,14 @@ def test_chunks_not_written_by_this_run_are_read_back_and_the_rest_are_not(tmp_p
     path = str(tmp_path / "out.zarr")
     result = write_zarr(_dataset(), path, fingerprint="stats")
     names = ["ndvi", "wet"]
-    whole = _zarr_statistics(path, names)
+    whole = zarr_statistics(path, names)
     # an interrupted run wrote half the chunks: the other half's statistics are read back, the sums are the same
     half = {name: dict(list(chunks.items())[::2]) for name, chunks in result.statistics.items()}
-    assert _zarr_statistics(path, names, half) == whole
+    assert zarr_statistics(path, names, half) == whole
     # what a task returned is used as it is (not read again): a marked chunk shows in the result
     index = next(iter(result.statistics["wet"]))
     marked = {**result.statistics["wet"], index: dataclasses.replace(result.statistics["wet"][index], max=1e9)}
-    assert _zarr_statistics(path, names, {"wet": marked})[1]["maximum"] == 1e9
+    assert zarr_statistics(path, names, {"wet": marked})[1]["maximum"] == 1e9
 
 
 STATS_CASES = [
@@ -139,12 +139,12 @@ def test_the_cog_statistics_pass_keeps_no_block_cache(tmp_path):
     probe = (
         "import json, sys\n"
         "import rasterio, numpy\n"
-        "from rasterflow.write.stac import _cog_statistics\n"
+        "from rasterflow.write.stacstats import cog_statistics\n"
         "def kb(field):\n"
         "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith(field))\n"
         "open('/proc/self/clear_refs', 'w').write('5')  # the peak RSS starts again from the RSS now\n"
         "before = kb('VmRSS:')\n"
-        "stats = _cog_statistics(sys.argv[1])\n"
+        "stats = cog_statistics(sys.argv[1])\n"
         "print(json.dumps({'grew': (kb('VmHWM:') - before) * 1024, 'stats': stats}))\n"
     )
     out = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, check=True)
