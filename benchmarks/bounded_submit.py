@@ -14,7 +14,7 @@ scheduler), the scheduler's most tasks at once (a scheduler plugin), and the val
 ``--graph``: the client's graph before the first block is written (issue 13, step 4, "build the graph lazily per
 batch"), no cluster: ``tracemalloc`` around ``graph.build_dataset`` of ``benchmarks/plan_scale.py``'s synthetic job
 (10 tiles × ``--dates``, a masked NDVI median by solar day) at chunk sizes giving ~2,500 / 10,000 / 40,000 chunks,
-and around the first batch's graph (``write.submit.BlockGraph``, 16 blocks). *before*: the layers as the former
+and around the first batch's graph (``write.submit.BlockTasks``, 16 blocks). *before*: the layers as the former
 ``build_dataset`` held them (every read task made and stored in a dict, each band cut out by Dask's slicing and
 rechunking); *after*: the lazy layers (``layers.TaskLayer``: a task is made when a batch asks for it).
 
@@ -247,7 +247,7 @@ def graph_memory(targets: list[int], dates: int, variants: list[str]) -> list[di
     from rasterflow import graph
     from rasterflow.commands import plan_command
     from rasterflow.spec import load_spec
-    from rasterflow.write.submit import BlockGraph
+    from rasterflow.write.submit import BlockTasks
 
     bench = _plan_scale()
     rows = []
@@ -262,8 +262,8 @@ def graph_memory(targets: list[int], dates: int, variants: list[str]) -> list[di
             array = dataset["ndvi"].data
             ny, nx = array.numblocks[-2:]
             keys = [(array.name, ny // 2, j) for j in range(min(16, nx))]
-            tasks, batch_bytes, batch_seconds = _traced(lambda a=array, k=keys: BlockGraph([a])(k))
-            assert set(keys) <= set(tasks)
+            tasks, batch_bytes, batch_seconds = _traced(lambda a=array, k=keys: BlockTasks([a])(k))
+            assert len(tasks.roots) == len(keys)
             rows.append({"variant": variant, "chunks": ny * nx, "chunk": chunk, "dates": dates, "build_bytes": nbytes,
                          "build_mb": round(nbytes / 1e6, 2), "bytes_per_chunk": round(nbytes / (ny * nx)),
                          "build_s": round(seconds, 2), "batch_kb": round(batch_bytes / 1e3),
@@ -275,7 +275,7 @@ def graph_memory(targets: list[int], dates: int, variants: list[str]) -> list[di
 
 def print_graph_table(rows: list[dict]) -> None:
     print(f"\nclient graph of graph.build_dataset ({rows[0]['dates']} dates x 10 tiles, solar-day median, 1 band; "
-          f"tracemalloc), and of the first batch (16 blocks, BlockGraph)\n")
+          f"tracemalloc), and of the first batch (16 blocks, BlockTasks)\n")
     print("| chunks | chunk | items per task | variant | build_dataset | per chunk | per chunk added | build time | "
           "first batch | batch time |")
     print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")

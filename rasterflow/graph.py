@@ -22,13 +22,12 @@ import dask
 import dask.array as da
 import numpy as np
 import xarray as xr
-from dask.highlevelgraph import HighLevelGraph
 
 from rasterflow import kernels, tasks
 from rasterflow.planning import JobPlan
 from rasterflow.read import ReadJob
 from rasterflow.tasks import chunk_bands, chunk_reduce
-from rasterflow.layers import TaskLayer
+from rasterflow.layers import lazy_array
 
 __all__ = ["build_dataset", "chunk_reduce", "chunk_bands", "read_jobs", "local_read_job"]
 
@@ -119,9 +118,8 @@ class _Selection:
 
 
 def _lazy_array(name: str, numblocks: tuple[int, ...], make: Callable[[tuple[int, ...]], tuple], chunks: tuple,
-                dtype: Any, dependencies: Sequence[Any] = ()) -> da.Array:
-    graph = HighLevelGraph.from_collections(name, TaskLayer(name, numblocks, make), dependencies=dependencies)
-    return da.Array(graph, name, chunks, meta=np.empty((0,) * len(chunks), dtype=dtype))
+                dtype: Any, dependencies: Sequence[Any] = (), *, inline: bool = False) -> da.Array:
+    return lazy_array(name, numblocks, make, chunks, dtype, dependencies, inline=inline)
 
 
 def _task_array(plan: JobPlan, prefix: str, function: Any, time_chunks: tuple[int, ...], leading: tuple,
@@ -158,7 +156,7 @@ def _select(source: da.Array, band_name: str, leads: dict[tuple[int, ...], tuple
     name = f"rasterflow-{band_name}-{dask.base.tokenize(source.name, band_name, repr(leads))}"
     numblocks = tuple(len(c) for c in lead_chunks) + source.numblocks[-2:]
     return _lazy_array(name, numblocks, _Selection(source.name, leads), lead_chunks + source.chunks[-2:],
-                       source.dtype, dependencies=[source])
+                       source.dtype, dependencies=[source], inline=True)
 
 
 def build_dataset(plan: JobPlan) -> xr.Dataset:

@@ -3,18 +3,42 @@ O(batch) of the graph, not O(job)).
 
 :class:`TaskLayer` is a read-only ``Mapping`` of keys to tasks that builds a task on lookup; ``graph.build_dataset``
 gives each of its arrays one, and the COG writer stacks bands with :func:`stack_blocks`. The writers' bounded
-submission (``write.submit.BlockGraph``) looks up only the keys of the batch it builds.
+submission (``write.submit.BlockTasks``) looks up only the keys of the batch it builds.
 """
 
 from __future__ import annotations
 
 import itertools
+import weakref
 import math
 import numbers
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["TaskLayer", "stack_blocks"]
+__all__ = ["TaskLayer", "lazy_array", "layer_named", "stack_blocks"]
+
+#: Our layers by name, alive as long as an array holds them: how the writers' bounded submission
+#: (:class:`rasterflow.write.submit.BlockTasks`) finds a block's task without looking into Dask's graphs.
+_LAYERS: weakref.WeakValueDictionary[str, TaskLayer] = weakref.WeakValueDictionary()
+
+
+def layer_named(name: object) -> TaskLayer | None:
+    """The :class:`TaskLayer` called ``name`` while an array holds it, else None."""
+    return _LAYERS.get(name) if isinstance(name, str) else None
+
+
+def lazy_array(name: str, numblocks: tuple[int, ...], make: Callable[[tuple[int, ...]], tuple], chunks: tuple,
+               dtype: Any, dependencies: Sequence[Any] = (), *, inline: bool = False) -> Any:
+    """A Dask array whose blocks are ``make(block)`` (a :class:`TaskLayer`), through Dask's documented high-level
+    graph constructor: the lazy view a notebook computes with Dask, and whose tasks the writers submit themselves."""
+    import dask.array as da
+    import numpy as np
+    from dask.highlevelgraph import HighLevelGraph
+
+    layer = TaskLayer(name, numblocks, make, inline=inline)
+    layer.inputs = {getattr(d, "name", str(id(d))): d for d in dependencies}
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=list(dependencies))
+    return da.Array(graph, name, chunks, meta=np.empty((0,) * len(chunks), dtype=dtype))
 
 class TaskLayer(Mapping):
     """A read-only graph layer whose tasks are made when they are asked for, not held.
@@ -22,16 +46,26 @@ class TaskLayer(Mapping):
     Keys are ``(name, *block)`` for every block index of ``numblocks`` (C order, as a dict built by nested loops
     would hold them); ``layer[key]`` is ``make(block)``, a task in Dask's graph specification (a tuple with a
     callable first). Membership, iteration and length are arithmetic, so the layer costs O(1) whatever the number
-    of chunks: :class:`BlockGraph` looks up only the keys of the batch it is asked for, so a task exists in the
+    of chunks: :class:`~rasterflow.write.submit.BlockTasks` looks up only the keys of the batch it is asked for, so a task exists in the
     client only while its batch's graph is built (``graph.build_dataset``'s layers are of this kind). Passed to
     :meth:`~dask.highlevelgraph.HighLevelGraph.from_collections` like a dict (Dask wraps any ``Mapping`` in a
     ``MaterializedLayer`` without copying it).
     """
 
-    def __init__(self, name: str, numblocks: tuple[int, ...], make: Callable[[tuple[int, ...]], tuple]):
+    def __init__(self, name: str, numblocks: tuple[int, ...], make: Callable[[tuple[int, ...]], tuple], *,
+                 inline: bool = False):
         self.name = name
         self.numblocks = tuple(int(n) for n in numblocks)
         self.make = make
+        self.inline = inline
+        """A cheap view (a selection, a stack of blocks): computed inside the task that uses it, never alone."""
+        self.inputs: dict[str, Any] = {}
+        """The arrays its tasks take blocks of, by name (:func:`lazy_array`'s ``dependencies``)."""
+        _LAYERS[name] = self
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the input arrays are for this process's writers; a pickled copy (a graph shipped whole) needs only tasks
+        return {**self.__dict__, "inputs": {}}
 
     def _block(self, key: object) -> tuple[int, ...] | None:
         if not (isinstance(key, tuple) and len(key) == len(self.numblocks) + 1 and isinstance(key[0], str)
@@ -85,9 +119,7 @@ def stack_blocks(arrays: Sequence[Any], nlead: int, dtype: Any) -> Any:
         No arrays, or arrays of different shapes or spatial chunks.
     """
     import dask
-    import dask.array as da
     import numpy as np
-    from dask.highlevelgraph import HighLevelGraph
 
     if not arrays:
         raise ValueError("stack_blocks needs at least one array")
@@ -105,10 +137,8 @@ def stack_blocks(arrays: Sequence[Any], nlead: int, dtype: Any) -> Any:
     name = "rasterflow-stack-" + dask.base.tokenize([a.name for a in arrays], nlead, dtype.str)
     make = _StackTasks([a.name for a in arrays], places, dtype)
     numblocks = first.shape[:nlead] + (1,) + first.numblocks[-2:]
-    layer = TaskLayer(name, numblocks, make)
-    graph = HighLevelGraph.from_collections(name, layer, dependencies=list(arrays))
     chunks = tuple((1,) * n for n in first.shape[:nlead]) + ((len(arrays),),) + first.chunks[-2:]
-    return da.Array(graph, name, chunks, meta=np.empty((0,) * len(chunks), dtype=dtype))
+    return lazy_array(name, numblocks, make, chunks, dtype, arrays, inline=True)
 
 
 class _StackTasks:

@@ -322,6 +322,46 @@ def _blocks(ds: Any, fmt: str) -> int:
     return math.prod(data.shape[:-2]) * math.prod(data.numblocks[-2:])
 
 
+def _same(block: Any) -> Any:
+    return block
+
+
+class _WindowTasks:
+    """Block ``(*lead, i, j)`` of a window: block ``(*lead, i + i0, j + j0)`` of the source."""
+
+    def __init__(self, source: str, i0: int, j0: int):
+        self.source, self.i0, self.j0 = source, i0, j0
+
+    def __call__(self, block: tuple[int, ...]) -> tuple:
+        return (_same, (self.source, *block[:-2], block[-2] + self.i0, block[-1] + self.j0))
+
+
+def window_of(dataset: Any, rows: tuple[int, int], cols: tuple[int, int]) -> Any:
+    """``dataset.isel(y=slice(*rows), x=slice(*cols))``; a variable of rasterflow's own lazy arrays
+    (:func:`rasterflow.layers.lazy_array`) cut on its chunks' edges stays one (a view of its blocks), so the writer
+    submits its tasks itself rather than through Dask's slicing."""
+    import dask.base
+    import numpy as np
+
+    from rasterflow.layers import lazy_array, layer_named
+
+    window = dataset.isel(y=slice(*rows), x=slice(*cols))
+    for name in list(dataset.data_vars):
+        data = dataset[name].data
+        if layer_named(getattr(data, "name", None)) is None:
+            continue
+        edges = [np.concatenate([[0], np.cumsum(c)]).tolist() for c in data.chunks[-2:]]
+        if not all(a in e and b in e for (a, b), e in zip((rows, cols), edges)):
+            continue  # not on the chunks' edges: Dask's slicing
+        i0, i1, j0, j1 = edges[0].index(rows[0]), edges[0].index(rows[1]), edges[1].index(cols[0]), edges[1].index(cols[1])
+        view_name = "rasterflow-window-" + dask.base.tokenize(data.name, rows, cols)
+        chunks = data.chunks[:-2] + (data.chunks[-2][i0:i1], data.chunks[-1][j0:j1])
+        view = lazy_array(view_name, tuple(len(c) for c in chunks), _WindowTasks(data.name, i0, j0), chunks,
+                          data.dtype, [data], inline=True)
+        window[name] = window[name].copy(data=view)
+    return window
+
+
 def write_tiles(dataset: Any, layout: TileLayout, todo: Sequence[Tile], kept: Sequence[Tile], *, fingerprint: str,
                 write_one: Callable[..., WriteResult], stac: Any, progress: Callable[[int, int], None] | None = None,
                 ) -> TilesResult:
@@ -350,7 +390,7 @@ def write_tiles(dataset: Any, layout: TileLayout, todo: Sequence[Tile], kept: Se
     if todo:  # its presence says the output is complete: not while tiles are rewritten
         remove(stac_paths(layout.output_path)[1])
 
-    windows = {tile.name: with_transform(dataset.isel(y=slice(*tile.rows), x=slice(*tile.cols)), tile.transform)
+    windows = {tile.name: with_transform(window_of(dataset, tile.rows, tile.cols), tile.transform)
                for tile in list(todo) + list(kept)}
     sizes = {name: _blocks(ds, layout.fmt) for name, ds in windows.items()}
     total = sum(sizes.values())

@@ -20,7 +20,7 @@ from dask.highlevelgraph import HighLevelGraph
 
 from rasterflow.errors import RunFailedError
 from rasterflow.write import write_cog, write_zarr
-from rasterflow.write.submit import BlockGraph, in_flight_cap, run_units
+from rasterflow.write.submit import BlockTasks, in_flight_cap, run_units
 
 distributed = pytest.importorskip("distributed")
 
@@ -78,22 +78,63 @@ def _reference() -> np.ndarray:
     return values
 
 
+def _chunk_values(calls_dir: str, location: tuple[int, int], fail_flag: str | None,
+                  fail_block: tuple[int, int] | None) -> np.ndarray:
+    with open(os.path.join(calls_dir, "%d.%d.%d" % (*location, os.getpid())), "w"):
+        pass
+    if fail_block is not None and location == fail_block and fail_flag and os.path.exists(fail_flag):
+        raise RuntimeError(f"injected failure in block {location}")
+    (i, j) = location
+    rows, cols = np.mgrid[i * CHUNK:(i + 1) * CHUNK, j * CHUNK:(j + 1) * CHUNK]
+    values = (np.sin(rows / 7.0) * np.cos(cols / 5.0)).astype(np.float32)
+    values[(rows * 31 + cols * 17) % 13 == 0] = np.nan
+    return values
+
+
+class _SourceTasks:
+    def __init__(self, calls_dir, fail_flag, fail_block):
+        self.args = (calls_dir, fail_flag, fail_block)
+
+    def __call__(self, block):
+        return (_chunk_values, self.args[0], tuple(block), *self.args[1:])
+
+
+def _twice(block: np.ndarray) -> np.ndarray:
+    return block * 2
+
+
+class _TwiceTasks:
+    def __init__(self, source: str):
+        self.source = source
+
+    def __call__(self, block):
+        return (_twice, (self.source, *block))
+
+
 def _source(calls_dir: str, fail_flag: str | None = None, fail_block: tuple[int, int] | None = None) -> da.Array:
-    """A lazy band computed block by block on the workers; each block leaves a file in ``calls_dir`` (a worker-side
-    counter), and ``fail_block`` raises while ``fail_flag`` exists."""
+    """A lazy band made of rasterflow's own layers (as ``graph.build_dataset``'s), computed block by block on the
+    workers; each block leaves a file in ``calls_dir`` (a worker-side counter), and ``fail_block`` raises while
+    ``fail_flag`` exists."""
+    from dask.base import tokenize
+
+    from rasterflow.layers import lazy_array
+
+    name = "test-source-" + tokenize(calls_dir, fail_flag, fail_block)
+    return lazy_array(name, (8, 8), _SourceTasks(calls_dir, fail_flag, fail_block), ((CHUNK,) * 8, (CHUNK,) * 8),
+                      np.float32)
+
+
+def _double(band: da.Array) -> da.Array:
+    from rasterflow.layers import lazy_array
+
+    return lazy_array(band.name + "-twice", band.numblocks, _TwiceTasks(band.name), band.chunks, band.dtype, [band])
+
+
+def _plain_source(calls_dir: str) -> da.Array:
+    """The same band as a plain Dask array (``map_blocks``): what a writer's caller may pass that is not ours."""
 
     def chunk(block_info=None):
-        info = block_info[None]
-        (r0, r1), (c0, c1) = info["array-location"]
-        location = tuple(info["chunk-location"])
-        with open(os.path.join(calls_dir, "%d.%d.%d" % (*location, os.getpid())), "w"):
-            pass
-        if fail_block is not None and location == fail_block and fail_flag and os.path.exists(fail_flag):
-            raise RuntimeError(f"injected failure in block {location}")
-        rows, cols = np.mgrid[r0:r1, c0:c1]
-        values = (np.sin(rows / 7.0) * np.cos(cols / 5.0)).astype(np.float32)
-        values[(rows * 31 + cols * 17) % 13 == 0] = np.nan
-        return values
+        return _chunk_values(calls_dir, tuple(block_info[None]["chunk-location"]), None, None)
 
     return da.map_blocks(chunk, chunks=((CHUNK,) * 8, (CHUNK,) * 8), dtype=np.float32,
                          meta=np.empty((0, 0), dtype=np.float32))
@@ -103,7 +144,10 @@ def _dataset(band: da.Array) -> xr.Dataset:
     height, width = SHAPE
     coords = {"y": TRANSFORM.f + TRANSFORM.e * (np.arange(height) + 0.5),
               "x": TRANSFORM.c + TRANSFORM.a * (np.arange(width) + 0.5)}
-    ds = xr.Dataset({"ndvi": (("y", "x"), band), "water": (("y", "x"), band * 2)}, coords=coords)
+    from rasterflow.layers import layer_named
+
+    water = _double(band) if layer_named(band.name) is not None else band * 2
+    ds = xr.Dataset({"ndvi": (("y", "x"), band), "water": (("y", "x"), water)}, coords=coords)
     return ds.rio.write_crs(CRS).rio.write_transform(TRANSFORM)
 
 
@@ -133,7 +177,7 @@ def test_zarr_keeps_the_scheduler_and_the_client_to_the_cap(tmp_path, client, pe
     # every source block computed once (both variables of a block go together, so it is shared)
     assert sorted(_calls(calls)) == sorted(np.ndindex(8, 8))
     assert progress[-1] == (2 * NBLOCKS, 2 * NBLOCKS) and len(progress) == 2 * NBLOCKS
-    # a block is 2 tasks (the source shared by both variables, 'water = 2 ndvi' fused into its write: 4 per
+    # a block is 2 tasks (the source shared by both variables, 'water = 2 ndvi' and a write per variable: 4 per
     # position); the scheduler holds those of the blocks in flight (<= cap) and of blocks just released that it has
     # not yet forgotten (<= cap): at most 2 x 2 x cap, against all 4 x 64 of an unbounded submission
     held = peak()
@@ -141,6 +185,20 @@ def test_zarr_keeps_the_scheduler_and_the_client_to_the_cap(tmp_path, client, pe
           f"the whole job is {4 * NBLOCKS} tasks")
     assert 0 < held <= 2 * 2 * cap <= 4 * NBLOCKS // 8
     assert max(futures_seen) <= cap
+
+
+def test_a_plain_dask_dataset_is_written_with_its_shared_blocks_computed_once(tmp_path, client):
+    """Not rasterflow's own layers: the blocks are computed through Dask's collection API, a batch's in one
+    ``compute`` (so the block both variables share runs once), still bounded."""
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    path = str(tmp_path / "plain.zarr")
+    result = write_zarr(_dataset(_plain_source(str(calls))), path, fingerprint="fp", client=client)
+    assert result.blocks_written == 2 * NBLOCKS
+    out = xr.open_zarr(path)
+    np.testing.assert_array_equal(out["ndvi"].values, _reference())
+    np.testing.assert_array_equal(out["water"].values, _reference() * 2)
+    assert sorted(_calls(calls)) == sorted(np.ndindex(8, 8))
 
 
 def test_cog_keeps_the_scheduler_to_the_cap(tmp_path, client, peak):
@@ -215,20 +273,26 @@ def test_a_failing_block_cancels_the_rest_and_the_rerun_resumes(tmp_path, client
     np.testing.assert_array_equal(out["water"].values, _reference() * 2)
 
 
-def test_a_batch_graph_has_only_the_batch_tasks_and_materialises_no_layer():
+def test_a_batch_has_only_the_batch_tasks_and_makes_no_other():
+    from rasterflow.layers import lazy_array
+
     side = 200  # 40,000 blocks
+    made: list = []
+
+    def make(block):
+        made.append(block)
+        return (np.full, (1, 1), block[0] * 1000 + block[1], np.int32)
+
+    source = lazy_array("test-source-40k", (side, side), make, ((1,) * side, (1,) * side), np.int32)
+    keys = [(source.name, 17, 3), (source.name, 199, 199)]
+    batch = BlockTasks([source])(keys)
+    assert sorted(made) == [(17, 3), (199, 199)]  # no other task of the 40,000 was made
+    assert [v.tolist() for v in batch.compute()] == [[[17003]], [[199199]]]
+    # a collection that is not ours: its blocks through Dask's public API, what they share computed once
     band = da.ones((side * 4, side * 4), chunks=4, dtype=np.float32)
     out = (band * 2 + 1).map_blocks(lambda b: b[:1, :1].astype(np.int8), chunks=((1,) * side, (1,) * side),
                                     dtype=np.int8)
-    build = BlockGraph([out])
-    keys = [(out.name, 17, 3), (out.name, 199, 199)]
-    graph = build(keys)
-    assert set(keys) <= set(graph) and len(graph) <= 2 * 4  # a few tasks per block, fused or not
-    assert not any(layer.is_materialized() for layer in out.__dask_graph__().layers.values()
-                   if layer.__class__.__name__ == "Blockwise")
-    import dask
-
-    values = dask.get(graph, keys)
+    values = BlockTasks([out])([(out.name, 17, 3), (out.name, 199, 199)]).compute()
     assert [v.tolist() for v in values] == [[[3]], [[3]]]
 
 
@@ -238,7 +302,7 @@ def test_the_local_path_is_bounded_too():
 
     band = da.arange(64 * 4, chunks=4)
     blocks = band.map_blocks(lambda b: np.atleast_1d(b.sum()), chunks=((1,) * 64,), dtype=band.dtype)
-    graph = BlockGraph([blocks])
+    graph = BlockTasks([blocks])
     state = {"submitted": 0, "finished": 0, "most": 0}
 
     def build(keys):
@@ -280,9 +344,9 @@ def test_task_layer_is_a_mapping_of_tasks_made_when_asked():
         assert outside not in layer
     band = da.Array(HighLevelGraph.from_collections("t", layer, dependencies=()), "t", ((2,) * 3, (2,) * 4),
                     meta=np.empty((0, 0), dtype=float))
-    graph = BlockGraph([band])([("t", 1, 2)])
-    assert made == [(1, 2)] and len(graph) == 1
-    np.testing.assert_array_equal(dask.get(graph, [("t", 1, 2)])[0], np.full((2, 2), 12))
+    batch = BlockTasks([band])([("t", 1, 2)])
+    assert made == [(1, 2)]
+    np.testing.assert_array_equal(batch.compute()[0], np.full((2, 2), 12))
     np.testing.assert_array_equal(band.compute(scheduler="synchronous"),
                                   np.kron(10 * np.arange(3)[:, None] + np.arange(4), np.ones((2, 2))))
 
@@ -311,18 +375,16 @@ def test_stack_blocks_is_dasks_stack_and_rechunk(nlead):
     assert cube.chunks == expected.chunks and cube.dtype == expected.dtype == np.float64
     np.testing.assert_array_equal(cube.compute(scheduler="synchronous"), expected.compute(scheduler="synchronous"))
     np.testing.assert_array_equal(cube.compute(scheduler="synchronous"), np.stack(values, axis=nlead).astype(dtype))
-    # a block through BlockGraph, as the COG writer asks for it
+    # a block through BlockTasks, as the COG writer asks for it
     key = (cube.name, *(0,) * nlead, 0, 3, 2)
-    block = dask_get(BlockGraph([cube])([key]), key)
+    block = dask_get(BlockTasks([cube])([key]), key)
     np.testing.assert_array_equal(block, expected.blocks[(0,) * nlead + (0, 3, 2)].compute())
     with pytest.raises(ValueError, match="same y and x chunks"):
         stack_blocks([arrays[0], arrays[1].rechunk({nlead: 25})], nlead, dtype)
 
 
-def dask_get(graph, key):
-    import dask
-
-    return dask.get(graph, [key])[0]
+def dask_get(batch, key):
+    return batch.compute()[0]
 
 
 def test_stack_blocks_holds_nothing_per_block():
@@ -345,7 +407,7 @@ def test_stack_blocks_holds_nothing_per_block():
     # allocate meanwhile: 62 kB seen once in CI where 50 kB was the bound)
     assert lazy < 100_000 and dasks > 100 * lazy
     key = (cube.name, 0, 50, 7)
-    np.testing.assert_array_equal(dask_get(BlockGraph([cube])([key]), key),
+    np.testing.assert_array_equal(dask_get(BlockTasks([cube])([key]), key),
                                   np.stack([np.full((4, 4), k, np.float32) for k in (1, 2, 3)]))
     assert cube.chunks == expected.chunks
 

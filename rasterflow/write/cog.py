@@ -187,7 +187,7 @@ def _stream_blocks(cube: da.Array, nlead: int, client: Any, write: Callable[[tup
     def on_result(key: tuple, block: Any) -> None:
         write(tuple(key[1:1 + nlead]), key[-2], key[-1], np.asarray(block) if results is None else block)
 
-    return submit.run_units(units(), submit.BlockGraph([collection]), total=len(lead_indices) * ny * nx,
+    return submit.run_units(units(), submit.BlockTasks([collection]), total=len(lead_indices) * ny * nx,
                             client=client, max_in_flight=max_inflight, on_result=on_result, progress=progress)
 
 
@@ -195,18 +195,21 @@ def _tile_tasks(cube: da.Array, layout: cogtiles.TileLayout) -> da.Array:
     """An array of ``cube``'s blocks made into COG tiles (:func:`rasterflow.write.cogtiles.block_tiles`): one lazy
     layer, each task taking its block of ``cube``."""
     import dask
-    from dask.highlevelgraph import HighLevelGraph
 
-    from rasterflow.layers import TaskLayer
+    from rasterflow.layers import lazy_array
 
     name = "rasterflow-cogtiles-" + dask.base.tokenize(cube.name, layout)
+    return lazy_array(name, cube.numblocks, _TileTasks(cube.name, layout), cube.chunks, object, [cube])
 
-    def make(block: tuple[int, ...]) -> tuple:
-        return (cogtiles.block_tiles, (cube.name, *block), block[-2], block[-1], layout)
 
-    dependencies: list[Any] = [cube]
-    graph = HighLevelGraph.from_collections(name, TaskLayer(name, cube.numblocks, make), dependencies=dependencies)
-    return da.Array(graph, name, cube.chunks, meta=np.empty((0,) * cube.ndim, dtype=object))
+class _TileTasks:
+    """The task of block ``(*lead, 0, i, j)`` of :func:`_tile_tasks`: that block of the cube made into tiles."""
+
+    def __init__(self, source: str, layout: cogtiles.TileLayout):
+        self.source, self.layout = source, layout
+
+    def __call__(self, block: tuple[int, ...]) -> tuple:
+        return (cogtiles.block_tiles, (self.source, *block), block[-2], block[-1], self.layout)
 
 
 def _assemble(cube: da.Array, nlead: int, client: Any, layout: cogtiles.TileLayout,

@@ -5,19 +5,18 @@ futures, and the scheduler tasks, only for the blocks in flight (at most ``max_i
 per worker thread, :func:`in_flight_cap`); a new batch is submitted whenever half of that has finished, and the
 futures of finished blocks are released at once, so the scheduler forgets their tasks.
 
-The graph of a batch is built from only that batch's blocks (:class:`BlockGraph`): starting from the batch's keys,
-each task is looked up in its own layer of the collections' high-level graphs (a lookup in a mapping layer: a dict,
-or a :class:`~rasterflow.layers.TaskLayer` that makes the task when asked, as ``graph.build_dataset``'s layers do, so the client never
-holds the job's tasks; a :meth:`~dask.highlevelgraph.Layer.cull` to the requested blocks in a blockwise one, which is
-never materialised whole), its dependencies followed the same way, and the small result fused by Dask's array
-optimisation (the collection protocol's ``__dask_optimize__``). Building a batch therefore costs O(its tasks),
-whatever the size of the job: ``HighLevelGraph.cull`` would copy every task-spec layer once per batch (O(job) each
-time), and optimising the whole graph first would materialise every layer in the client.
+The tasks of a batch are made from only that batch's blocks (:class:`BlockTasks`), with distributed's public API:
+each key's task comes from the layer that defines it (a :class:`~rasterflow.layers.TaskLayer` that makes the task
+when asked, as ``graph.build_dataset``'s layers do, so the client never holds the job's tasks), its inputs followed
+the same way, and each is submitted with ``Client.submit``, its inputs' futures as arguments; cheap views (the
+selection of one band, a stack of bands) run inside the task that uses them. Blocks of any other Dask collection
+(a writer's caller may pass any lazy Dataset) are computed through the collection API (``array.blocks[...]``).
+Nothing reads Dask's graph internals, so building a batch costs O(its tasks) whatever the size of the job.
 
 Blocks are grouped into *units* by the writer: the blocks of a unit share upstream tasks (e.g. every band and
 period of one spatial chunk comes out of one read-and-reduce task) and are always submitted together, so a shared
-task is computed once. Without a distributed client (Dask's threaded or synchronous scheduler) the same loop runs
-each unit's graph with ``dask.get`` in a pool of threads, the same cap applying.
+task is computed once. Without a distributed client (Dask's threaded or synchronous scheduler) the same loop computes
+each unit's tasks in a pool of threads, the same cap applying.
 
 The first failure cancels every block in flight and is raised; blocks already finished stay finished (the Zarr
 writer's done-markers let the next run resume from them).
@@ -27,10 +26,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-__all__ = ["BlockGraph", "run_units", "in_flight_cap", "default_client", "cluster_threads", "settled", "IN_FLIGHT_PER_THREAD"]
+from rasterflow.layers import layer_named
+
+__all__ = ["BlockTasks", "Batch", "evaluate", "run_units", "in_flight_cap", "default_client", "cluster_threads", "settled", "IN_FLIGHT_PER_THREAD"]
 
 #: Default cap on blocks in flight, per worker thread of the cluster: enough that no thread waits for the next
 #: submission (a batch is submitted when half the cap has finished), small enough that the scheduler holds O(threads).
@@ -83,119 +84,202 @@ def in_flight_cap(client: Any, per_thread: int = IN_FLIGHT_PER_THREAD) -> int:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# the graph of a batch, from only its blocks
+# the tasks of a batch, from only its blocks
 
 
-class _KeyIndex(Mapping):
-    """Read-only view of the keys of high-level graph layers, looked up without materialising any layer.
+class _Call:
+    """``fn(*args)``; arguments that are other blocks are :class:`_Call` or :class:`_Block` nodes."""
 
-    ``key in index`` is what :func:`dask.core.get_dependencies` asks of each argument of a task; the answer comes
-    from the key's name (the layer of that name) or, for a materialised layer holding keys of other names (e.g. the
-    original array of ``from_array``), a dict lookup in the materialised layers.
-    """
+    __slots__ = ("key", "fn", "args", "inline")
 
-    def __init__(self, layers: Mapping[str, Any]):
-        self.layers = dict(layers)
-        self.materialized = [layer for layer in self.layers.values() if layer.is_materialized()]
-
-    def layer_of(self, key: Key) -> Any:
-        name = key[0] if isinstance(key, tuple) and key and isinstance(key[0], str) else key
-        if isinstance(name, str):
-            layer = self.layers.get(name)
-            if layer is not None and (not layer.is_materialized() or key in layer):
-                return layer
-        if isinstance(key, (str, tuple)):
-            for layer in self.materialized:
-                try:
-                    if key in layer:
-                        return layer
-                except TypeError:  # an unhashable argument: not a key
-                    return None
-        return None
-
-    def __contains__(self, key: object) -> bool:
-        return self.layer_of(key) is not None
-
-    def __getitem__(self, key: Key) -> Task:
-        layer = self.layer_of(key)
-        if layer is None:
-            raise KeyError(key)
-        return layer[key]
-
-    def __iter__(self) -> Iterator[Key]:  # pragma: no cover - the whole graph; never needed here
-        for layer in self.layers.values():
-            yield from layer
-
-    def __len__(self) -> int:  # pragma: no cover - see __iter__
-        return sum(len(layer) for layer in self.layers.values())
+    def __init__(self, key: Key, fn: Callable[..., Any], args: tuple, inline: bool):
+        self.key, self.fn, self.args, self.inline = key, fn, args, inline
 
 
-class BlockGraph:
-    """Builds the graph of a few output keys from the collections' graphs, touching only the tasks they need.
+class _Block:
+    """Block ``index`` of a Dask collection that is not ours: computed through Dask's public collection API."""
+
+    __slots__ = ("collection", "index")
+
+    def __init__(self, collection: Any, index: tuple[int, ...]):
+        self.collection, self.index = collection, index
+
+
+#: Marks an inlined call in the arguments a worker gets: ``[_INLINE, fn, *args]`` (a list, so distributed finds the
+#: futures inside it and hands their values over).
+_INLINE = "__rasterflow_inline_call__"
+
+
+def evaluate(value: Any) -> Any:
+    """Run the inlined calls in ``value`` (nested lists and tuples), innermost first; other values as they are."""
+    if isinstance(value, list):
+        if value and isinstance(value[0], str) and value[0] == _INLINE:
+            fn, *args = value[1:]
+            return fn(*(evaluate(a) for a in args))
+        return [evaluate(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(evaluate(v) for v in value)
+    return value
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    """A submitted task: ``fn`` applied to its arguments once their inlined calls ran."""
+    return fn(*(evaluate(a) for a in args))
+
+
+class BlockTasks:
+    """The tasks of a few output keys, made from the layers that define them, touching only what they need.
+
+    A key ``(name, *block)`` of one of our lazy arrays (:func:`rasterflow.layers.lazy_array`, e.g.
+    ``graph.build_dataset``'s) is made by its layer (:func:`rasterflow.layers.layer_named`), its arguments that are
+    keys followed the same way; a cheap view (a selection, a stack: ``inline`` layers) runs inside the task that
+    uses it. A block of any other Dask collection among ``collections`` is computed with Dask's public API
+    (``collection.blocks[...]``, all of a batch's in one ``compute``, so what they share runs once). Nothing here
+    reads Dask's graph internals.
 
     Parameters
     ----------
     collections : sequence of dask collections
         Whose blocks (or whose blocks' dependents, via ``tasks``) are computed.
     tasks : callable, optional
-        ``tasks(key)`` -> a task (Dask's graph specification: a tuple with a callable first, arguments that are
-        keys of the collections) for keys the caller defines itself (e.g. one write task per block), or None for
-        every other key. Such tasks are made per batch, so the caller never builds a layer of all of them.
-    optimize : bool
-        Fuse each batch's graph with Dask's array optimisation (linear chains become one task).
+        ``tasks(key)`` -> a task tuple ``(function, *arguments)``, arguments that are keys of the collections (also
+        inside lists), for keys the caller defines itself (e.g. one write task per block), or None for every other
+        key. Such tasks are made per batch, so the caller never builds all of them.
     """
 
-    def __init__(self, collections: Sequence[Any], tasks: Callable[[Key], Task | None] | None = None, *,
-                 optimize: bool = True):
-        from dask.highlevelgraph import HighLevelGraph
-
-        graphs = []
-        for collection in collections:
-            graph = collection.__dask_graph__()
-            if not isinstance(graph, HighLevelGraph):
-                graph = HighLevelGraph.from_collections(str(id(graph)), dict(graph), dependencies=())
-            graphs.append(graph)
-        merged = HighLevelGraph.merge(*graphs) if graphs else HighLevelGraph({}, {})
-        self.index = _KeyIndex(merged.layers)
+    def __init__(self, collections: Sequence[Any], tasks: Callable[[Key], Task | None] | None = None):
+        self.collections = {collection.name: collection for collection in collections}
         self.tasks = tasks
-        self.optimize = optimize
 
-    def __call__(self, keys: Sequence[Key]) -> dict:
-        """The graph (a dict) that computes ``keys``: their tasks and every task they depend on, nothing else."""
-        from dask.core import get_dependencies
+    def _is_key(self, value: Any) -> bool:
+        if not (isinstance(value, tuple) and value and isinstance(value[0], str)):
+            return False
+        if not all(isinstance(i, int) for i in value[1:]):
+            return False
+        layer = layer_named(value[0])
+        return (layer is not None and value in layer) or value[0] in self.collections
 
-        graph: dict = {}
-        frontier = list(dict.fromkeys(keys))
-        while frontier:
-            lazy: dict[int, tuple[Any, set]] = {}
-            following: list = []
-            for key in frontier:
-                if key in graph:
-                    continue
-                task = self.tasks(key) if self.tasks is not None else None
-                if task is None:
-                    layer = self.index.layer_of(key)
-                    if layer is None:
-                        raise KeyError(f"{key!r} is not a key of the graph being written")
-                    if not layer.is_materialized():
-                        lazy.setdefault(id(layer), (layer, set()))[1].add(key)
-                        continue
-                    task = layer[key]
-                graph[key] = task
-                following.extend(get_dependencies(self.index, task=task))
-            for layer, wanted in lazy.values():
-                # a blockwise layer: only the wanted blocks are generated, with their dependencies
-                culled, dependencies = layer.cull(wanted, self.index)
-                tasks = dict(culled)
-                for key in wanted:
-                    graph[key] = tasks[key]
-                    following.extend(dependencies.get(key, ()))
-            frontier = [k for k in dict.fromkeys(following) if k not in graph]
-        if self.optimize:
-            import dask.array as da
+    def _argument(self, value: Any, memo: dict) -> Any:
+        if self._is_key(value):
+            return self.node(value, memo)
+        if isinstance(value, list):
+            return [self._argument(v, memo) for v in value]
+        if isinstance(value, tuple):
+            return tuple(self._argument(v, memo) for v in value)
+        return value
 
-            graph = dict(da.Array.__dask_optimize__(graph, list(keys)))
-        return graph
+    def node(self, key: Key, memo: dict, root: bool = False) -> _Call | _Block:
+        """The node computing ``key`` (shared through ``memo`` within a batch)."""
+        if key in memo:
+            return memo[key]
+        task = self.tasks(key) if self.tasks is not None else None
+        inline = False
+        if task is None:
+            layer = layer_named(key[0]) if isinstance(key, tuple) and key else None
+            if layer is not None and key in layer:
+                task, inline = layer[key], layer.inline and not root
+                for name, array in layer.inputs.items():  # keys of arrays that are not ours: blocks of these
+                    self.collections.setdefault(name, array)
+            elif isinstance(key, tuple) and key and key[0] in self.collections:
+                node: _Call | _Block = _Block(self.collections[key[0]], tuple(key[1:]))
+                memo[key] = node
+                return node
+            else:
+                raise KeyError(f"{key!r} is not a key of the blocks being written")
+        fn, *args = task
+        node = _Call(key, fn, tuple(self._argument(a, memo) for a in args), inline)
+        memo[key] = node
+        return node
+
+    def __call__(self, keys: Sequence[Key]) -> Batch:
+        memo: dict = {}
+        return Batch(list(keys), [self.node(key, memo, root=True) for key in keys])
+
+
+class Batch:
+    """The nodes of a batch's keys, submitted to a distributed client or computed in this process."""
+
+    def __init__(self, keys: list, roots: list[_Call | _Block]):
+        self.keys, self.roots = keys, roots
+
+    def _blocks(self) -> list[_Block]:
+        found: dict[int, _Block] = {}
+
+        def walk(value: Any) -> None:
+            if isinstance(value, _Block):
+                found.setdefault(id(value), value)
+            elif isinstance(value, _Call):
+                for a in value.args:
+                    walk(a)
+            elif isinstance(value, (list, tuple)):
+                for v in value:
+                    walk(v)
+
+        for root in self.roots:
+            walk(root)
+        return list(found.values())
+
+    def submit(self, client: Any) -> list:
+        """Futures of the batch's keys: each non-inline call one task, its inputs' futures as arguments (the
+        scheduler runs it where they are); the other collections' blocks in one ``client.compute``."""
+        blocks = self._blocks()
+        done: dict[int, Any] = {}
+        if blocks:
+            futures = client.compute([b.collection.blocks[b.index] for b in blocks])
+            done.update({id(b): f for b, f in zip(blocks, futures)})
+
+        def encode(value: Any) -> Any:
+            if isinstance(value, (_Call, _Block)) and id(value) in done:
+                return done[id(value)]
+            if isinstance(value, _Call):
+                if value.inline:
+                    return [_INLINE, value.fn, *(encode(a) for a in value.args)]
+                # the block's own key: the scheduler's view names what runs, and a block two batches ask for at
+                # once is computed once
+                future = client.submit(_call, value.fn, *(encode(a) for a in value.args), key=value.key)
+                done[id(value)] = future
+                return future
+            if isinstance(value, list):
+                return [encode(v) for v in value]
+            if isinstance(value, tuple):
+                return tuple(encode(v) for v in value)
+            return value
+
+        try:
+            return [encode(root) for root in self.roots]
+        finally:
+            # encode is a recursive closure (a reference cycle): without this the inputs' futures, and so their
+            # results on the workers, would live until the garbage collector runs
+            done.clear()
+
+    def compute(self) -> list:
+        """The values of the batch's keys, computed in this thread (the other collections' blocks in one
+        synchronous ``dask.compute``)."""
+        import dask
+
+        blocks = self._blocks()
+        done: dict[int, Any] = {}
+        if blocks:
+            values = dask.compute(*(b.collection.blocks[b.index] for b in blocks), scheduler="synchronous")
+            done.update({id(b): v for b, v in zip(blocks, values)})
+
+        def run(value: Any) -> Any:
+            if isinstance(value, _Block):
+                return done[id(value)]
+            if isinstance(value, _Call):
+                if id(value) not in done:
+                    done[id(value)] = value.fn(*(run(a) for a in value.args))
+                return done[id(value)]
+            if isinstance(value, list):
+                return [run(v) for v in value]
+            if isinstance(value, tuple):
+                return tuple(run(v) for v in value)
+            return value
+
+        try:
+            return [run(root) for root in self.roots]
+        finally:
+            done.clear()  # the inputs' arrays go now, not when the garbage collector breaks run's reference cycle
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -204,7 +288,7 @@ class BlockGraph:
 
 def run_units(
     units: Iterable[Sequence[Key]],
-    build: Callable[[Sequence[Key]], dict],
+    build: Callable[[Sequence[Key]], Batch],
     *,
     total: int,
     client: Any = None,
@@ -220,12 +304,11 @@ def run_units(
     units : iterable of sequences of keys
         Consumed lazily, in order. The keys of one unit are always submitted together (they may share tasks).
     build : callable
-        ``build(keys)`` -> the graph of those keys only (a :class:`BlockGraph`).
+        ``build(keys)`` -> the tasks of those keys only (a :class:`BlockTasks`).
     total : int
         The number of blocks in ``units``, for ``progress``.
     client : distributed.Client, optional
-        Where to compute. None: a pool of :func:`local_threads` threads, each running a unit's graph with
-        ``dask.get``.
+        Where to compute. None: a pool of :func:`local_threads` threads, each computing a unit's tasks.
     max_in_flight : int, optional
         Cap on blocks (keys, each counted at its ``weight``) submitted and not yet finished (default
         :func:`in_flight_cap`). A unit larger than the cap is submitted alone once nothing else is in flight.
@@ -297,7 +380,7 @@ class _Feed:
         return taken
 
 
-def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], dict], client: Any, cap: int,
+def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], client: Any, cap: int,
                      on_result: Callable[[Key, Any], None] | None, count: _Counter) -> None:
     from distributed import as_completed
 
@@ -309,7 +392,7 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], dict], client
         batch = [key for unit in feed.take(feed.blocks(in_flight.values()), cap) for key in unit]
         if not batch:
             return
-        futures = client.get(build(batch), batch, sync=False)
+        futures = build(batch).submit(client)
         for key, future in zip(batch, futures):
             in_flight[future] = key
         completed.update(futures)
@@ -352,13 +435,11 @@ def settled(future: Any, key: Key, wanted: bool = True) -> Any:
                            "restart); rerunning the same job resumes from the blocks already written") from error
 
 
-def _run_local(feed: _Feed, build: Callable[[Sequence[Key]], dict], cap: int,
+def _run_local(feed: _Feed, build: Callable[[Sequence[Key]], Batch], cap: int,
                on_result: Callable[[Key, Any], None] | None, count: _Counter) -> None:
-    import dask
-
     if local_threads() == 1:  # the synchronous scheduler: one unit after the other, in this thread
         while (unit := feed.take_one()) is not None:
-            for key, value in zip(unit, dask.get(build(unit), unit)):
+            for key, value in zip(unit, build(unit).compute()):
                 if on_result is not None:
                     on_result(key, value)
                 count(key)
@@ -368,7 +449,7 @@ def _run_local(feed: _Feed, build: Callable[[Sequence[Key]], dict], cap: int,
 
     def submit() -> None:
         for unit in feed.take(sum(feed.blocks(u) for u in in_flight.values()), cap):
-            in_flight[executor.submit(dask.get, build(unit), unit)] = unit
+            in_flight[executor.submit(build(unit).compute)] = unit
 
     try:
         submit()

@@ -530,7 +530,7 @@ def write_zarr(
         def keep_statistics(key: Any, chunks: Mapping[tuple[int, ...], BlockStats]) -> None:
             statistics.setdefault(writer_names[key[0]], {}).update(chunks)
 
-        build = submit.BlockGraph([prepared[n].data for n in names], task)
+        build = submit.BlockTasks([prepared[n].data for n in names], task)
         try:
             # a bounded number of regions in flight, each batch's graph built from its regions only; with shards
             # the cap counts the chunks held until their shard is written: SHARDS_IN_FLIGHT shard positions
