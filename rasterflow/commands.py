@@ -325,7 +325,7 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
     """
     from rasterflow import write
     from rasterflow.lock import OutputLock
-    from rasterflow.outputs import decide, inspect_existing, leftover_temp_files, render_output_path, window_of
+    from rasterflow.outputs import decide, leftover_temp_files, render_output_path, window_of
     from rasterflow.report import RunReport, StageTimer, default_report_path
 
     emit = emit or _no_emit
@@ -345,7 +345,7 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
     lost_lock = committed = False
     result = None
     counts = [0, 0]  # blocks done, total: what an interrupted run leaves
-    tiles: Any = None  # output.tiling: the tiles (rasterflow.tiling.TileLayout)
+    output: Any = None  # the Output (rasterflow.write.targets): Zarr, COG or tiles
     job_id = ""
     left = ""
     own_report: Path | None = Path(report_path) if report_path else None
@@ -389,16 +389,13 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
         budget.enforce(plan.report, where=loaded.where("chunks"))
         job_id = fingerprint(loaded, plan)
         report_fingerprint(report, job_id)
-        # Now that the items are known, so are all the files a COG run writes (one per period / quantile).
-        tiles = _tile_layout(plan, output_path)
-        if tiles is not None:  # output.tiling: every tile's files, ours and finished by their markers
-            from rasterflow.tiling import inspect_tiles
+        # Now that the items are known, so are all the files the output makes (COGs: one per period / quantile;
+        # output.tiling: every tile's files, ours and finished by their markers).
+        from rasterflow.write.targets import CogOutput, output_for
 
-            expected = tiles.files()
-            existing = inspect_tiles(tiles, _input_hrefs(items))
-        else:
-            expected = write.cog_output_paths(output_path, _leading_coords(plan)) if fmt == "cog" else [output_path]
-            existing = inspect_existing(output_path, fmt, expected, _input_hrefs(items))
+        output = output_for(plan, output_path)
+        expected = output.files()
+        existing = output.inspect(_input_hrefs(items))
         action = decide(policy, existing, job_id, output_path)
         if action == "up_to_date":
             status, code = "up_to_date", int(ExitCode.OK)
@@ -409,7 +406,7 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
             report.outputs = [{"path": p, "bytes": None} for p in expected]
         else:
             files = (_file_fingerprints(loaded, plan, output_path)
-                     if fmt == "cog" and plan.period_labels and tiles is None else {})
+                     if isinstance(output, CogOutput) and plan.period_labels else {})
             kept: list[dict] = []
             run_plan = plan
             if policy == "update" and not existing.empty and existing.ours and files:
@@ -419,13 +416,15 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
             writing = True
             for leftover in leftover_temp_files(expected):
                 write.common.remove(leftover)  # a killed run's hidden temp file; we hold the lock, so nobody owns it
-            result = _execute(run_plan, output_path, job_id, report, StageTimer(report.stage_seconds),
+            if run_plan is not plan:
+                output = output_for(run_plan, output_path)
+            result = _execute(run_plan, output, job_id, report, StageTimer(report.stage_seconds),
                               # replace only what was ours when decided; whatever appears meanwhile stays
                               replace=policy != "error" and not existing.empty, emit=emit,
                               progress_stream=progress_stream,
                               interrupts=interrupts, counts=counts, log_path=_worker_log_path(own_report),
                               # a tile done by this job is kept, unless asked to redo a complete output
-                              tiles=tiles, redo_all=policy == "overwrite" and existing.complete)
+                              redo_all=policy == "overwrite" and existing.complete)
             committed = True
             interrupts.defer()  # the output is in place: nothing may turn this into a failure now
             report.outputs = kept + [{"path": p, "bytes": write.path_size(p), **files.get(p, {})}
@@ -437,12 +436,10 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
         signum = interrupts.received or 2
         error = err if isinstance(err, RunInterrupted) else RunInterrupted(signum)
         code, status = 128 + signum, "interrupted"
-        if tiles is not None and job_id:
-            from rasterflow.tiling import what_is_left
-
-            left = what_is_left(tiles, job_id)
+        if output is not None:
+            left = output.what_is_left(job_id, counts)
         else:
-            left = _what_is_left(fmt, output_path, counts)
+            left = "no block was finished; rerunning the same command starts it again"
         report.error = f"interrupted by {error.signal_name}" + (f"; {left}" if left else "")
     except RasterflowError as err:
         error, code = err, int(err.exit_code)
@@ -608,19 +605,6 @@ def _drop_if_empty(path: str | None) -> None:
         pass
 
 
-def _what_is_left(fmt: str, output_path: str, counts: list[int]) -> str:
-    done, total = counts
-    if not total:
-        return "no block was finished; rerunning the same command starts it again"
-    if fmt == "zarr":
-        from rasterflow.write.common import zarr_staging_path
-
-        return (f"{done} of {total} blocks are kept in {zarr_staging_path(output_path)}; rerunning the same command "
-                f"resumes from there")
-    return (f"{done} of {total} blocks were computed; the temporary files were removed and rerunning the same "
-            f"command writes the COG again (COG writes do not resume)")
-
-
 def _output_exists(output_path: str, fmt: str, expected: list[str]) -> bool:
     """Whether anything of the output is there: the output, one of its files, or a Zarr run's kept blocks."""
     from rasterflow.write.common import exists, zarr_staging_path
@@ -673,24 +657,16 @@ def _record_plan(report: Any, plan: JobPlan) -> None:
     report.memory_limit = plan.layout.memory_limit
 
 
-def _tile_layout(plan: JobPlan, output_path: str) -> Any:
-    """The tiles of ``output.tiling`` (None without it)."""
-    if plan.output.tiling_size is None:
-        return None
-    from rasterflow.tiling import plan_tiles
-
-    return plan_tiles(output_path, plan.output.format, plan.output.tiling_size, plan, _leading_coords(plan))
-
-
-def _execute(plan: JobPlan, output_path: str, job_id: str, report: Any, timer: Any, *,
-             replace: bool, emit: Emit, progress_stream: TextIO | None, interrupts: Interrupts, counts: list[int],
-             log_path: str | None, tiles: Any = None, redo_all: bool = False):
-    from rasterflow import graph, write
+def _execute(plan: JobPlan, output: Any, job_id: str, report: Any, timer: Any, *, replace: bool, emit: Emit,
+             progress_stream: TextIO | None, interrupts: Interrupts, counts: list[int], log_path: str | None,
+             redo_all: bool = False):
+    """The run's phases once decided: cluster, reads watched, the lazy result written by its output, then STAC."""
+    from rasterflow import graph
     from rasterflow.cluster import ClusterSettings, CountingProgress, MemorySampler, open_cluster
     from rasterflow.logs import worker_log_env
+    from rasterflow.report import library_versions
     from rasterflow.signals import start_resource_tracker_deaf_to_hangups
-
-    fmt, out = plan.output.format, plan.output
+    from rasterflow.write.targets import WriteContext
 
     def on_progress(done: int, total: int) -> None:
         interrupts.check()  # a signal whose exception Python swallowed (it landed in a __del__) still stops the run
@@ -700,8 +676,12 @@ def _execute(plan: JobPlan, output_path: str, job_id: str, report: Any, timer: A
         if total and done >= total:
             interrupts.defer()  # every block is computed: the writer now commits; a signal waits for it
 
+    if plan.read_policy is None:
+        raise ValueError("a run needs a plan made with the searched items")
     if plan.layout.processes:  # one process (cluster.processes) spawns no worker: no tracker to start either
         start_resource_tracker_deaf_to_hangups()
+    description, encoding, options = _output_options(plan, output.path)
+    context = WriteContext(description, encoding, options, library_versions())
     with ExitStack() as stack:
         with timer("cluster start"), worker_log_env(log_path):
             handle = stack.enter_context(open_cluster(ClusterSettings.from_spec(plan.cluster, plan.gdal_cachemax),
@@ -715,10 +695,7 @@ def _execute(plan: JobPlan, output_path: str, job_id: str, report: Any, timer: A
         stack.callback(report.record_memory, sampler)  # kept when the run fails or is interrupted (issue 10)
         from rasterflow.read.policy import job_hrefs, read_monitor  # issue 9: retries, failures
 
-        if plan.read_policy is None:
-            raise ValueError("a run needs a plan made with the searched items")
-        policy = plan.read_policy
-        reads = stack.enter_context(read_monitor(handle.client, policy, job_hrefs(plan), report))
+        reads = stack.enter_context(read_monitor(handle.client, plan.read_policy, job_hrefs(plan), report))
         with sampler:
             timer.on_start = sampler.mark
             with timer("graph"):
@@ -726,38 +703,11 @@ def _execute(plan: JobPlan, output_path: str, job_id: str, report: Any, timer: A
             progress = CountingProgress(label="blocks", done_word="written", stream=progress_stream or _NullStream(),
                                         interactive=None if progress_stream is not None else False)
             with timer("compute+write"), progress:
-                description, encoding, options = _output_options(plan, output_path)
-                if tiles is not None:
-                    result = _write_tiles(plan, dataset, tiles, job_id, description, encoding, options,
-                                          client=handle.client, progress=on_progress, redo_all=redo_all)
-                elif fmt == "zarr":
-                    result = write.write_zarr(dataset, output_path, overwrite=replace,
-                                              compression=out.compression, fingerprint=job_id,
-                                              client=handle.client, progress=on_progress, **options)
-                else:
-                    result = write.write_cog(dataset, output_path, overwrite=replace,
-                                             compression=out.compression,
-                                             gdal_cachemax=plan.writer_cachemax,
-                                             client=handle.client, progress=on_progress, **options)
+                result = output.write(dataset, context, job_id=job_id, replace=replace, redo_all=redo_all,
+                                      client=handle.client, progress=on_progress)
             timer.on_start = None
     with timer("stac"):  # issue 12: after the data, so an item's presence means the output is complete
-        from rasterflow.report import library_versions
-        from rasterflow.write.stac import write_stac
-
-        if tiles is not None:  # the tiles' Items are written with each tile; here the Collection and the VRT
-            from dataclasses import replace as _replaced
-
-            from rasterflow.tiling import finish_tiles
-            from rasterflow.write.stac import StacContext
-
-            vrts = finish_tiles(tiles, result, StacContext(plan, description, output_path, encoding,
-                                                           library_versions(), out.catalog),
-                                band_names=list(plan.program.band_names) if plan.program else [],
-                                blocksize=out.cog_blocksize)
-            result = _replaced(result, paths=result.paths + vrts)
-        else:
-            write_stac(result, plan, description, output_path=output_path, encoding=encoding,
-                       software=library_versions(), catalog=out.catalog)
+        result = output.write_stac(result, context)
     from rasterflow.cluster import process_peak_since_sample
 
     # the STAC stage ran after the sampler stopped (it reads a COG back for its statistics): its peak still counts
@@ -765,31 +715,6 @@ def _execute(plan: JobPlan, output_path: str, job_id: str, report: Any, timer: A
     if result.blocks_skipped:
         emit("resumed", {"skipped": result.blocks_skipped, "written": result.blocks_written})
     return result
-
-
-def _write_tiles(plan: JobPlan, dataset: Any, tiles: Any, job_id: str, description: Any,
-                 encoding: Any, options: dict, *, client: Any, progress: Any, redo_all: bool) -> Any:
-    """``output.tiling``: the tiles not finished by this job, each with the format's writer (rasterflow.tiling)."""
-    from rasterflow import write
-    from rasterflow.report import library_versions
-    from rasterflow.tiling import tiles_to_write, write_tiles
-    from rasterflow.write.stac import StacContext
-
-    fmt, out = plan.output.format, plan.output
-    options = {k: v for k, v in options.items() if k != "file_metadata"}  # per tile: its own files' tags
-
-    def write_one(ds: Any, path: str, *, overwrite: bool, progress: Any, file_metadata: Any) -> Any:
-        if fmt == "zarr":
-            return write.write_zarr(ds, path, overwrite=overwrite, compression=out.compression,
-                                    fingerprint=job_id, client=client, progress=progress, **options)
-        return write.write_cog(ds, path, overwrite=overwrite, compression=out.compression,
-                               gdal_cachemax=plan.writer_cachemax, client=client,
-                               progress=progress, file_metadata=file_metadata, **options)
-
-    todo, kept = tiles_to_write(tiles, job_id, redo_all=redo_all)
-    stac = StacContext(plan, description, tiles.output_path, encoding, library_versions(), out.catalog)
-    return write_tiles(dataset, tiles, todo, kept, fingerprint=job_id, write_one=write_one, stac=stac,
-                       progress=progress)
 
 
 def _output_options(plan: JobPlan, output_path: str) -> tuple[Any, Any, dict]:
