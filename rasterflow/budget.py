@@ -376,6 +376,22 @@ class PipelineShape:
     (:mod:`rasterflow.write.cogtiles`)."""
     compression: str = "zstd"
     """``output.compression``."""
+    statistics: int = 0
+    """Statistics of a list ``reduce`` (each band's variables: one per statistic, in one COG file per period);
+    0 for a single ``reduce``."""
+
+
+def _budget_method(spec: Any) -> str | None:
+    """The method the budget sizes a task by: a single ``reduce``'s; for a list (its statistics run one after the
+    other on the same series, each result in its slot) the one with the most working copies, an order statistic
+    first (it needs time whole)."""
+    methods = [r.method for r in spec.reductions]
+    if not methods:
+        return None
+    if len(methods) == 1:
+        return methods[0]
+    ordered = [m for m in methods if m in ORDER_STATISTICS]
+    return max(ordered or methods, key=lambda m: REDUCTION_EXTRA_PLANES[m])
 
 
 def pipeline_shape(spec: Any) -> PipelineShape:
@@ -394,9 +410,9 @@ def pipeline_shape(spec: Any) -> PipelineShape:
         mask=mask,
         masked_assets=tuple(a for a in assets if a in read_by_bands) if mask else (),
         bands=tuple(bands),
-        reduce_method=spec.reduce.method if spec.reduce else None,
-        n_quantiles=len(spec.reduce.quantiles) if spec.reduce else 0,
-        has_period=bool(spec.reduce and spec.reduce.period),
+        reduce_method=_budget_method(spec),
+        n_quantiles=len(spec.statistics) or (len(spec.reduce.quantiles) if spec.reduce is not None else 0),
+        has_period=bool(spec.reduce_period),
         mosaics_passes=spec.source.group_by == "solar_day",
         output_format=getattr(spec.output, "resolved_format", "zarr"),
         zarr_format=spec.output.zarr_format,
@@ -406,6 +422,7 @@ def pipeline_shape(spec: Any) -> PipelineShape:
         cog_blocksize=spec.output.cog.blocksize,
         cog_resampling=spec.output.cog.overview_resampling,
         compression=spec.output.compression,
+        statistics=len(spec.statistics),
     )
 
 
@@ -1048,7 +1065,7 @@ def _cog_files(shape: PipelineShape, inputs: BudgetInputs) -> int:
     """COG files one write makes: one per period and quantile, or per date without a reduction."""
     if not shape.reduce_method:
         return inputs.dates
-    files = max(1, shape.n_quantiles if shape.reduce_method == "quantile" else 1)
+    files = max(1, shape.n_quantiles if shape.reduce_method == "quantile" and not shape.statistics else 1)
     if shape.has_period:
         files *= math.ceil(inputs.dates / max(1, inputs.group_dates or inputs.dates))
     return files
@@ -1080,7 +1097,8 @@ def cog_tile_layout(shape: PipelineShape, inputs: BudgetInputs) -> Any:
     return cogtiles.fast_layout(
         height=height, width=width, chunks=(_axis_chunks(height, cy), _axis_chunks(width, cx)),
         blocksize=shape.cog_blocksize, resampling=shape.cog_resampling, computed_dtype=inputs.dtype, stored=stored,
-        band_names=tuple(name for name, _ in shape.bands), compression=codec, predictor="auto",
+        band_names=tuple(f"{name}_{k}" if shape.statistics else name for name, _ in shape.bands
+                         for k in range(max(1, shape.statistics))), compression=codec, predictor="auto",
         files=_cog_files(shape, inputs))
 
 

@@ -190,8 +190,14 @@ def build_dataset(plan: JobPlan) -> xr.Dataset:
                             (n_items,) if program.steps else item_chunks,
                             ((program.n_groups,), (program.n_quantiles,), (n_bands,)), program.dtype,
                             (plan.sub_block,))
-        variables = {name: _reduced_band(fused, index, name, keep_period, keep_quantile)
-                     for index, name in enumerate(program.band_names)}
+        if program.statistics:  # several statistics: one variable per band and statistic, {band}_{statistic}
+            variables = {f"{name}_{statistic}": _statistic_band(fused, index, slot, f"{name}_{statistic}",
+                                                                keep_period)
+                         for index, name in enumerate(program.band_names)
+                         for slot, (statistic, _, _) in enumerate(program.statistics)}
+        else:
+            variables = {name: _reduced_band(fused, index, name, keep_period, keep_quantile)
+                         for index, name in enumerate(program.band_names)}
     else:
         bands = _task_array(plan, "rasterflow-bands", chunk_bands, item_chunks, (date_chunks, (n_bands,)),
                             program.dtype)
@@ -205,9 +211,18 @@ def build_dataset(plan: JobPlan) -> xr.Dataset:
     dataset = xr.Dataset(variables, coords=coords)
     dataset.attrs.update({"rasterflow_pipeline": plan.name, "rasterflow_items": n_items})
     expressions = dict(plan.expressions)
-    for name in program.band_names:
-        dataset[name].attrs["long_name"] = name
-        dataset[name].attrs["rasterflow_expression"] = expressions.get(name, "")
+    if program.statistics:
+        for band in program.band_names:
+            for statistic, method, q in program.statistics:
+                attrs = dataset[f"{band}_{statistic}"].attrs
+                attrs.update(long_name=f"{band} {statistic}", rasterflow_expression=expressions.get(band, ""),
+                             rasterflow_band=band, rasterflow_statistic=method)
+                if q is not None:
+                    attrs["rasterflow_quantile"] = q
+    else:
+        for name in program.band_names:
+            dataset[name].attrs["long_name"] = name
+            dataset[name].attrs["rasterflow_expression"] = expressions.get(name, "")
     return write_georef(dataset, plan.grid.crs, plan.grid.transform)
 
 
@@ -225,6 +240,18 @@ def _reduced_band(fused: da.Array, band: int, name: str, keep_period: bool, keep
     dims = [d for d, keep in (("period", keep_period), ("quantile", keep_quantile)) if keep]
     lead_chunks = tuple((1,) * n for n, keep in ((groups, keep_period), (quantiles, keep_quantile)) if keep)
     return (*dims, "y", "x"), _select(fused, name, leads, lead_chunks)
+
+
+def _statistic_band(fused: da.Array, band: int, slot: int, name: str, keep_period: bool):
+    """Statistic ``slot`` of band ``band`` of the fused ``(group, slot, band, y, x)`` array: dims ``([period,] y,
+    x)``, its own lazy layer (block ``(p, i, j)`` is the fused block ``(i, j)`` at ``[p:p+1, slot, band]``)."""
+    groups = fused.shape[0]
+    leads: dict[tuple[int, ...], tuple[tuple[int, ...], tuple]] = {}
+    for p in range(groups) if keep_period else (None,):
+        lead = () if p is None else (p,)
+        leads[lead] = ((0, 0, 0), (0 if p is None else slice(p, p + 1), slot, band))
+    lead_chunks = ((1,) * groups,) if keep_period else ()
+    return (*(("period",) if keep_period else ()), "y", "x"), _select(fused, name, leads, lead_chunks)
 
 
 def _series_band(bands: da.Array, band: int, name: str) -> da.Array:

@@ -18,7 +18,7 @@ from rasterflow import lookup
 from rasterflow.expr import Expression
 
 __all__ = [
-    "Program", "Planes", "ItemStream", "TaskItems", "task_items", "absent_bands", "absent_is_nan", "working_plane", "band_block", "reduce_block", "reduce_time", "nanquantile_time", "solar_day_steps", "period_labels",
+    "Program", "Planes", "ItemStream", "TaskItems", "task_items", "absent_bands", "absent_is_nan", "working_plane", "band_block", "reduce_block", "reduce_statistics", "reduce_time", "nanquantile_time", "solar_day_steps", "period_labels",
     "group_indices", "std_partials", "combine_std_partials", "finish_std",
 ]
 
@@ -41,10 +41,20 @@ class Program:
     steps: tuple[tuple[int, ...], ...] = ()
     """Item indices that make up each output date (``source.group_by: solar_day``: the tiles of one pass, mosaicked
     per pixel after masking); empty = every item is its own date."""
+    statistics: tuple[tuple[str, str, float | None], ...] = ()
+    """Several statistics from one read (a list ``reduce``): per output slot ``(name, method, q)``, the variables
+    named ``{band}_{name}``; empty = the one ``reduce_method`` (with ``quantiles``, one slot per quantile)."""
 
     @property
     def band_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.bands)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        """The output's variables: the bands, or ``{band}_{statistic}`` for each band and statistic of a list."""
+        if self.statistics:
+            return tuple(f"{band}_{name}" for band in self.band_names for name, _, _ in self.statistics)
+        return self.band_names
 
     @property
     def band_assets(self) -> tuple[str, ...]:
@@ -58,7 +68,8 @@ class Program:
 
     @property
     def n_quantiles(self) -> int:
-        return max(1, len(self.quantiles))
+        """Result slots per band and group: the statistics of a list, else the quantiles (at least 1)."""
+        return len(self.statistics) or max(1, len(self.quantiles))
 
 
 @dataclass(frozen=True)
@@ -360,7 +371,10 @@ def reduce_block(planes: Planes | ItemStream, program: Program, view: TaskItems 
                 subset = fill[None]
             else:
                 subset = series if len(local) == series.shape[0] else series[list(local)]
-            out[group_index, :, band_index] = reduce_time(subset, program.reduce_method or "", program.quantiles)
+            if program.statistics:
+                out[group_index, :, band_index] = reduce_statistics(subset, program.statistics)
+            else:
+                out[group_index, :, band_index] = reduce_time(subset, program.reduce_method or "", program.quantiles)
         del series
     return out
 
@@ -405,6 +419,20 @@ def reduce_time(values: np.ndarray, method: str, quantiles: Sequence[float] = ()
         else:
             raise ValueError(f"unknown reduction {method!r}")
     return np.asarray(result, dtype=dtype)[None]
+
+
+def reduce_statistics(values: np.ndarray, statistics: Sequence[tuple[str, str, float | None]]) -> np.ndarray:
+    """Several statistics of one ``(t, y, x)`` series -> ``(len(statistics), y, x)``, each as
+    :func:`reduce_time` computes it alone; the quantiles of a list share one sort."""
+    out = np.empty((len(statistics), *values.shape[1:]), dtype=values.dtype)
+    quantile_slots = [(slot, q) for slot, (_, method, q) in enumerate(statistics) if method == "quantile"]
+    if quantile_slots:
+        out[[slot for slot, _ in quantile_slots]] = reduce_time(values, "quantile", [q for _, q in quantile_slots
+                                                                                   if q is not None])
+    for slot, (_, method, _q) in enumerate(statistics):
+        if method != "quantile":
+            out[slot] = reduce_time(values, method)[0]
+    return out
 
 
 def nanquantile_time(values: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:

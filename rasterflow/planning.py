@@ -129,6 +129,14 @@ class ClusterPlan:
     memory: MemoryPlan = field(default_factory=MemoryPlan)
 
 
+def reduce_method(spec: Any) -> str | None:
+    """The method of a single ``reduce``; for a list, its statistics' names joined by ``+``
+    (``median+q10+q90+count``: what the output's metadata says was computed); None without a reduction."""
+    if spec.statistics:
+        return "+".join(name for name, _, _ in spec.statistics)
+    return spec.reduce.method if spec.reduce is not None else None
+
+
 def output_plan(spec: Any) -> OutputPlan:
     """The :class:`OutputPlan` of a validated spec."""
     out = spec.output
@@ -140,7 +148,7 @@ def output_plan(spec: Any) -> OutputPlan:
         zarr_format=int(out.zarr_format), zarr_shards=out.zarr_shards, cog_blocksize=int(out.cog.blocksize),
         cog_overview_resampling=out.cog.overview_resampling, cog_predictor=out.cog.predictor,
         tiling_size=None if out.tiling is None else int(out.tiling.size),
-        datetime=str(spec.source.stac.datetime), period=spec.reduce.period if spec.reduce else None,
+        datetime=str(spec.source.stac.datetime), period=spec.reduce_period,
         mask=spec.mask, catalog=str(spec.source.stac.catalog))
 
 
@@ -750,18 +758,19 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
     if items is not None:
         times, steps = dates
         groups: tuple[tuple[int, ...], ...] = ()
-        if spec.reduce is not None and spec.reduce.period:
+        if spec.reduce_period:
             stamps = [np.datetime64(t) for t in times]
-            labels, groups = group_indices(period_labels(stamps, spec.reduce.period))
+            labels, groups = group_indices(period_labels(stamps, spec.reduce_period))
         program = Program(
             assets=shape.assets_loaded, mask=shape.mask, masked_assets=shape.masked_assets, bands=shape.bands,
-            dtype=spec.grid.dtype, reduce_method=spec.reduce.method if spec.reduce else None,
-            quantiles=spec.reduce.quantiles if spec.reduce else (), groups=groups, steps=steps,
+            dtype=spec.grid.dtype, reduce_method=reduce_method(spec),
+            quantiles=spec.reduce.quantiles if spec.reduce is not None and not spec.statistics else (),
+            groups=groups, steps=steps, statistics=spec.statistics,
         )
     return JobPlan(
         grid=grid, layout=layout, shape=shape, report=report, items=tuple(items or ()), sources=sources,
         program=program, times=times, period_labels=labels,
-        quantile_dim=spec.reduce is not None and isinstance(spec.reduce.q, list), name=spec.name,
+        quantile_dim=len(spec.reductions) == 1 and isinstance(spec.reductions[0].q, list), name=spec.name,
         resampling=spec.grid.resampling, expressions=tuple(spec.bands.items()),
         cost=None if sources is None else job_cost(sources, grid, report, layout, index, remote,
                                                     io_concurrency(spec.source.io.concurrency,
@@ -827,8 +836,8 @@ def _budget_details(spec: Any, times: Sequence[str], sources: SourceTable, layou
     import numpy as np
 
     group_dates = None
-    if spec.reduce is not None and spec.reduce.period and times:
-        _, groups = group_indices(period_labels([np.datetime64(t) for t in times], spec.reduce.period))
+    if spec.reduce_period and times:
+        _, groups = group_indices(period_labels([np.datetime64(t) for t in times], spec.reduce_period))
         group_dates = max(len(g) for g in groups)
     return {
         "asset_dtypes": tuple(a.load_dtype for a in sources.assets),

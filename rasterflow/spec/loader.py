@@ -45,7 +45,7 @@ _UNION_HINTS = {
     "max_items": "must be a positive integer",
     "address": "must be a scheduler address like tcp://host:8786, or null",
     "bounds": "must be [minx, miny, maxx, maxy] in grid.crs, or null",
-    "reduce": "must be a mapping with method (and optionally over, q, period), or null",
+    "reduce": "must be a mapping with method (and optionally over, q, period), a list of at least 1 of them (several statistics from one read), or null",
     "query": 'must map properties to conditions, e.g. {"eo:cloud_cover": {lt: 40}}',
     "description": "must be a string",
     "mask": "must be an expression string",
@@ -179,8 +179,7 @@ def load_spec_text(text: str, *, path: str | os.PathLike = "<spec>", sha256: str
     grid_issues = [_issue(shown, loaded, loc, message) for loc, message in grid_problems(spec)]
     if grid_issues:
         raise SpecError(grid_issues)
-    if spec.output.if_exists == "update" and not (spec.output.resolved_format == "cog" and spec.reduce is not None
-                                                  and spec.reduce.period):
+    if spec.output.if_exists == "update" and not (spec.output.resolved_format == "cog" and spec.reduce_period):
         raise SpecError(_issue(shown, loaded, ("output", "if_exists"),
                                "update recomputes single periods, so it needs a COG output (one file per period) and "
                                "reduce.period; use skip to recompute the whole output when its inputs changed"))

@@ -682,7 +682,12 @@ class Spec(_Model):
     bands: dict[StrictStr, StrictStr] = Field(
         description="Named expressions, evaluated in order; later ones may use earlier ones.", min_length=1
     )
-    reduce: Reduce | None = Field(default=None, description="Optional reduction; without it the time series is written.")
+    reduce: Reduce | Annotated[list[Reduce], Field(min_length=1)] | None = Field(
+        default=None,
+        description="Optional reduction; without it the time series is written. A list computes several statistics "
+        "from one read (every one from the same loaded block, in the same task): each band's outputs are named "
+        "{band}_{statistic} (ndvi_median, ndvi_q10, ndvi_count); a period, if any, is given once (on any entry).",
+    )
     output: Output = Field(description="Where and how the result is written.")
     cluster: Cluster = Field(default_factory=Cluster, description="The Dask cluster.")
     budget: Budget = Field(default_factory=Budget, description="The static memory budget check.")
@@ -750,6 +755,8 @@ class Spec(_Model):
                                         f"{size} is not a multiple of chunks.{axis} ({chunk}), so tiles would cut "
                                         f"chunks; use a multiple of {chunk} such as {max(chunk, size - size % chunk)} "
                                         f"or {size - size % chunk + chunk}, or change chunks.{axis}")
+        if isinstance(self.reduce, list):
+            _check_statistics(self.reduce, self.chunks.time)
         if self.output.resolved_format == "cog" and self.reduce is None:
             raise _LocatedError(
                 ("output", "format"),
@@ -758,10 +765,65 @@ class Spec(_Model):
         return self
 
 
+    @property
+    def reductions(self) -> tuple[Reduce, ...]:
+        """The statistics asked for, in order (one for a single ``reduce``, none without)."""
+        if self.reduce is None:
+            return ()
+        return tuple(self.reduce) if isinstance(self.reduce, list) else (self.reduce,)
+
+    @property
+    def reduce_period(self) -> str | None:
+        """``reduce.period`` (of whichever entry of a list gives it)."""
+        return next((r.period for r in self.reductions if r.period), None)
+
+    @property
+    def statistics(self) -> tuple[tuple[str, str, float | None], ...]:
+        """For a list ``reduce``: per output statistic ``(name, method, q)`` in order (``("q10", "quantile",
+        0.1)``), its variables named ``{band}_{name}``; empty for a single ``reduce`` (variables named as the
+        bands, a ``quantile`` dimension for a list of ``q``)."""
+        if not isinstance(self.reduce, list):
+            return ()
+        return tuple((statistic_name(r.method, q), r.method, q)
+                     for r in self.reduce for q in (r.quantiles or (None,)))
+
+
+def statistic_name(method: str, q: float | None = None) -> str:
+    """The suffix of a statistic's variables: the method (``median``), or ``q`` and the percentage for a quantile
+    (0.1 -> ``q10``, 0.9 -> ``q90``, 0.025 -> ``q2_5``: a dot is not allowed in a variable name everywhere)."""
+    if q is None:
+        return method
+    percent = f"{q * 100:.6f}".rstrip("0").rstrip(".")
+    return "q" + percent.replace(".", "_")
+
+
+def _check_statistics(entries: list[Reduce], chunk_time: int) -> None:
+    """A list ``reduce``: each statistic once, one period, time whole (the statistics share the task's series)."""
+    seen: dict[str, int] = {}
+    periods = {r.period for r in entries if r.period}
+    first_period = next((r.period for r in entries if r.period), None)
+    for index, entry in enumerate(entries):
+        for q in entry.quantiles or (None,):
+            name = statistic_name(entry.method, q)
+            if name in seen:
+                what = f"quantile {q:g}" if q is not None else entry.method
+                raise _LocatedError(("reduce", index, "method" if q is None else "q"),
+                                    f"{what} is listed twice (entries {seen[name]} and {index}); remove one")
+            seen[name] = index
+        if len(periods) > 1 and entry.period and entry.period != first_period:
+            raise _LocatedError(("reduce", index, "period"),
+                                f"the statistics of one run share one period; entries ask for "
+                                f"{' and '.join(sorted(periods))}: give period once")
+    if chunk_time != -1:
+        raise _LocatedError(("chunks", "time"),
+                            f"several statistics are computed from one read of every date of a chunk, so time must be "
+                            f"whole; set chunks.time: -1 (got {chunk_time})")
+
+
 class _LocatedError(ValueError):
     """A cross-field error that knows which field it is about (the loader maps it to a line)."""
 
-    def __init__(self, loc: tuple[str, ...], message: str):
+    def __init__(self, loc: tuple[str | int, ...], message: str):
         self.loc = loc
         super().__init__(message)
 

@@ -88,7 +88,7 @@ def output_item(context: StacContext, fmt: str, path: str, labels: Mapping[str, 
 
     plan, description, encoding = context.plan, context.description, context.encoding
     grid = plan.grid
-    names = list(plan.program.band_names) if plan.program is not None else []
+    names = list(plan.program.output_names) if plan.program is not None else []
     geometry, bbox = footprint(grid.crs, where.bounds)
     collection_path, _items_path = stac_paths(context.output_path)
     now = rfc3339(dt.datetime.now(dt.timezone.utc))

@@ -176,7 +176,7 @@ class TiledOutput:
         vrts = finish_tiles(self.tiles, result, StacContext(self.plan, context.description, self.path,
                                                             context.encoding, context.software,
                                                             self.plan.output.catalog),
-                            band_names=list(self.plan.program.band_names) if self.plan.program else [],
+                            band_names=list(self.plan.program.output_names) if self.plan.program else [],
                             blocksize=self.plan.output.cog_blocksize)
         return replace(result, paths=result.paths + vrts)
 
