@@ -213,7 +213,7 @@ def _issue(shown: str, loaded: LoadedYaml, loc: tuple, message: str, *, value_po
 
 def _issues_from_validation(err: ValidationError, loaded: LoadedYaml, shown: str) -> list[SpecIssue]:
     grouped: dict[tuple, list[Any]] = {}
-    for error in err.errors(include_url=False):
+    for error in _matching_branch(err.errors(include_url=False)):
         loc = tuple(error["loc"])
         located = error.get("ctx", {}).get("error")
         if isinstance(located, models._LocatedError):
@@ -224,8 +224,25 @@ def _issues_from_validation(err: ValidationError, loaded: LoadedYaml, shown: str
     return [_issue(shown, loaded, loc, _message(loc, errors, loaded)) for loc, errors in grouped.items()]
 
 
+_WRONG_SHAPE = ("list_type", "model_type", "dict_type", "model_attributes_type")
+
+
+def _matching_branch(errors: list[Any]) -> list[Any]:
+    """For a field that takes a mapping or a list of them (``reduce``): drop the union branch whose shape the value
+    does not have, so the message is about what is wrong inside the value given."""
+
+    def wrong_shape(error: Any) -> bool:
+        return error["type"] in _WRONG_SHAPE and len(error["loc"]) >= 2 and isinstance(error["loc"][-1], str) and (
+            "[" in error["loc"][-1] or error["loc"][-1][:1].isupper())
+
+    return [e for e in errors if not (wrong_shape(e) and any(
+        o is not e and o["loc"][:1] == e["loc"][:1] and not wrong_shape(o) for o in errors))]
+
+
 def _trim_to_data(loc: tuple, loaded: LoadedYaml) -> tuple:
-    """Drop pydantic's union-branch parts (``"literal['auto']"``, ``"int"``) so loc names a field of the file."""
+    """Drop pydantic's union-branch parts (``"literal['auto']"``, ``"int"``,
+    ``"function-after[_check_q(), Reduce]"``) so loc names a field of the file."""
+    loc = tuple(part for part in loc if not (isinstance(part, str) and "[" in part))
     for end in range(len(loc), 0, -1):
         if loc[:end] in loaded.value_positions:
             return loc[:end]
