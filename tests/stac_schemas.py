@@ -1,122 +1,112 @@
-"""Offline STAC validation: pystac's JSON-Schema validator with every schema resolved locally.
+"""Offline STAC validation against the official JSON schemas, vendored verbatim under ``tests/schemas``.
 
-pystac (a project dependency) bundles the STAC 1.1.0 core schemas (Item, Collection, Catalog and the GeoJSON ones)
-and resolves them without a network. The extension schemas (projection v2.0.0, raster v1.1.0, processing v1.2.0,
-file v2.1.0) are published only on stac-extensions.github.io, which these machines and CI cannot reach, and no PyPI
-package ships them (stac-validator and stac-check download them at run time). So the extension schemas below are
-written here from the extensions' field tables: the fields rasterflow writes, their types and ranges, and the
-rule that a document using an extension lists it in ``stac_extensions``. They are registered under the official
-URIs, so pystac resolves every ``$ref`` locally and any schema it cannot find is an error (never a silent pass).
-With a network, ``validate_stac(doc, online=True)`` validates against the published schemas instead.
+The published schemas (schemas.stacspec.org, geojson.org/schema, stac-extensions.github.io) cannot be downloaded on
+these machines nor in CI, and no PyPI package ships the extension schemas. So the official files are copied verbatim
+into ``tests/schemas`` (sources, licences and how to update them: ``tests/schemas/README.md``), each registered under
+the URL it is published at, in a ``referencing.Registry`` whose retrieval refuses everything else: every ``$ref``
+between them resolves locally, and a schema that is not vendored is an error, never a download or a silent pass.
+
+``validate_stac(doc)`` validates a STAC Item, Collection or Catalog against the core schema of its ``stac_version``
+and against the schema of every extension it lists in ``stac_extensions``, as pystac and stac-validator do (JSON
+Schema draft 7; ``format`` is an annotation there and is not asserted, as in pystac). With a network,
+``validate_stac(doc, online=True)`` uses pystac's validator and the published schemas instead.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-__all__ = ["EXTENSION_SCHEMAS", "validate_stac"]
+from jsonschema import Draft7Validator
+from pystac.errors import STACValidationError
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT7
 
-_NUMBER = {"type": "number"}
+__all__ = ["EXTENSION_SCHEMAS", "REGISTRY", "SCHEMAS", "SCHEMA_DIR", "schema_url", "validate_stac"]
 
+SCHEMA_DIR = Path(__file__).with_name("schemas")
 
-def _extension(uri: str, prefix: str, fields: dict[str, Any], *, on: tuple[str, ...]) -> dict[str, Any]:
-    """A schema for an extension's fields on ``on`` (properties, assets), requiring the extension be declared."""
-    field_schema = {"type": "object", "properties": fields}
-    item_checks: list[dict] = []
-    collection_checks: list[dict] = []
-    if "properties" in on:
-        item_checks.append({"properties": {"properties": field_schema}})
-    if "assets" in on:
-        assets = {"type": "object", "additionalProperties": field_schema}
-        item_checks.append({"properties": {"assets": assets}})
-        collection_checks.append({"properties": {"assets": assets, "item_assets": assets}})
-    return {
-        "$schema": "http://json-schema.org/draft-07/schema#",
-        "$id": uri,
-        "type": "object",
-        "required": ["stac_extensions"],
-        "properties": {"stac_extensions": {"type": "array", "contains": {"const": uri}}},
-        "oneOf": [
-            {"required": ["type", "properties", "assets"], "properties": {"type": {"const": "Feature"}},
-             "allOf": item_checks or [{}]},
-            {"required": ["type"], "properties": {"type": {"const": "Collection"}},
-             "allOf": collection_checks or [{}]},
-        ],
-    }
+_CORE = "https://schemas.stacspec.org/"
+_GEOJSON = "https://geojson.org/schema/"
+_EXTENSIONS = "https://stac-extensions.github.io/"
+_KINDS = {"Feature": "item", "Collection": "collection", "Catalog": "catalog"}
 
 
-_PROJ = "https://stac-extensions.github.io/projection/v2.0.0/schema.json"
-_RASTER = "https://stac-extensions.github.io/raster/v1.1.0/schema.json"
-_PROCESSING = "https://stac-extensions.github.io/processing/v1.2.0/schema.json"
-_FILE = "https://stac-extensions.github.io/file/v2.1.0/schema.json"
+def schema_url(path: Path) -> str:
+    """The URL a vendored schema file is published at (its folder layout mirrors the URL's path):
+    ``stac-spec/<v>/<path>`` -> schemas.stacspec.org, ``geojson/<name>`` -> geojson.org/schema,
+    ``<extension>/<v>/schema.json`` -> stac-extensions.github.io."""
+    top, *rest = path.relative_to(SCHEMA_DIR).parts
+    if top == "stac-spec":
+        return _CORE + "/".join(rest)
+    if top == "geojson":
+        return _GEOJSON + "/".join(rest)
+    return _EXTENSIONS + "/".join([top, *rest])
 
-_proj_fields = {
-    "proj:code": {"type": ["string", "null"], "pattern": "^[A-Z]+:[A-Za-z0-9.]+$"},
-    "proj:wkt2": {"type": ["string", "null"]},
-    "proj:projjson": {"type": ["object", "null"]},
-    "proj:bbox": {"type": "array", "items": _NUMBER, "oneOf": [{"minItems": 4, "maxItems": 4},
-                                                               {"minItems": 6, "maxItems": 6}]},
-    "proj:shape": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2},
-    "proj:transform": {"type": "array", "items": _NUMBER, "oneOf": [{"minItems": 6, "maxItems": 6},
-                                                                    {"minItems": 9, "maxItems": 9}]},
-}
-_DATA_TYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
-               "float64", "cint16", "cint32", "cfloat32", "cfloat64", "other"]
-_raster_band = {
-    "type": "object",
-    "properties": {
-        "nodata": {"oneOf": [_NUMBER, {"enum": ["nan", "inf", "-inf"]}]},
-        "sampling": {"enum": ["area", "point"]},
-        "data_type": {"enum": _DATA_TYPES},
-        "bits_per_sample": {"type": "integer", "minimum": 1},
-        "spatial_resolution": _NUMBER,
-        "statistics": {"type": "object", "properties": {
-            "minimum": _NUMBER, "maximum": _NUMBER, "mean": _NUMBER, "stddev": {"type": "number", "minimum": 0},
-            "valid_percent": {"type": "number", "minimum": 0, "maximum": 100}}},
-        "unit": {"type": "string"},
-        "scale": _NUMBER,
-        "offset": _NUMBER,
-        "histogram": {"type": "object"},
-    },
-}
-_raster_fields = {"raster:bands": {"type": "array", "minItems": 1, "items": _raster_band}}
-_processing_fields = {
-    "processing:level": {"type": "string"},
-    "processing:facility": {"type": "string"},
-    "processing:lineage": {"type": "string"},
-    "processing:version": {"type": "string"},
-    "processing:datetime": {"type": "string", "format": "date-time",
-                            "pattern": "^\\d{4}-\\d{2}-\\d{2}T\\d{2}:\\d{2}:\\d{2}(\\.\\d+)?(Z|[+-]\\d{2}:\\d{2})$"},
-    "processing:software": {"type": "object", "additionalProperties": {"type": "string"}},
-    "processing:expression": {"type": "object", "required": ["format", "expression"],
-                              "properties": {"format": {"type": "string"}, "expression": {}}},
-}
-_file_fields = {
-    "file:size": {"type": "integer", "minimum": 0},
-    "file:checksum": {"type": "string", "pattern": "^[a-f0-9]+$"},
-    "file:header_size": {"type": "integer", "minimum": 0},
-    "file:byte_order": {"enum": ["big-endian", "little-endian"]},
-    "file:local_path": {"type": "string"},
-}
 
-EXTENSION_SCHEMAS: dict[str, dict[str, Any]] = {
-    _PROJ: _extension(_PROJ, "proj", _proj_fields, on=("properties", "assets")),
-    _RASTER: _extension(_RASTER, "raster", _raster_fields, on=("assets",)),
-    _PROCESSING: _extension(_PROCESSING, "processing", _processing_fields, on=("properties",)),
-    _FILE: _extension(_FILE, "file", _file_fields, on=("assets",)),
-}
+def _load() -> dict[str, dict[str, Any]]:
+    # Keyed by the published URL rather than by "$id": the official v1.1.0 common.json says
+    # ".../item-spec/json-schema/commonjson" (an upstream typo) while item.json refers to "common.json".
+    return {schema_url(path): json.loads(path.read_text(encoding="utf-8"))
+            for path in sorted(SCHEMA_DIR.rglob("*.json"))}
+
+
+SCHEMAS: dict[str, dict[str, Any]] = _load()
+"""Every vendored schema (core, GeoJSON, extensions) by the URL it is published at."""
+EXTENSION_SCHEMAS: dict[str, dict[str, Any]] = {url: s for url, s in SCHEMAS.items() if url.startswith(_EXTENSIONS)}
+"""The extension schemas, by the URL documents list in ``stac_extensions``."""
+
+
+def _offline(uri: str) -> Resource:
+    raise LookupError(f"{uri}: not vendored under tests/schemas, and validation is offline (see its README.md)")
+
+
+# jsonschema adds the draft metaschemas (collection.json refers to http://json-schema.org/draft-07/schema).
+REGISTRY: Registry = Registry(retrieve=_offline).with_resources(  # type: ignore[call-arg]
+    (url, Resource.from_contents(schema, default_specification=DRAFT7)) for url, schema in SCHEMAS.items())
+
+
+def _core_url(document: dict[str, Any]) -> str:
+    kind = _KINDS.get(document.get("type"))  # type: ignore[arg-type]
+    version = document.get("stac_version")
+    if kind is None or not isinstance(version, str):
+        raise STACValidationError(f"not a STAC Item, Collection or Catalog: type {document.get('type')!r}, "
+                                  f"stac_version {version!r}")
+    return f"{_CORE}v{version}/{kind}-spec/json-schema/{kind}.json"
 
 
 def validate_stac(document: dict[str, Any], *, online: bool = False) -> list[str]:
-    """Validate a STAC Item or Collection (core + every extension it declares) with pystac; returns the schema
-    URIs used. Raises ``pystac.errors.STACValidationError`` when invalid (and, offline, when a schema is unknown)."""
-    import pystac.validation
-    from pystac.validation.stac_validator import JsonSchemaSTACValidator
+    """Validate a STAC Item, Collection or Catalog (core + every extension it declares); returns the schema URLs
+    used (the core one first, then ``stac_extensions`` as listed). Raises ``pystac.errors.STACValidationError``
+    (its ``source`` the list of ``jsonschema`` errors) when invalid, and ``AssertionError`` when, offline, a schema
+    is not vendored."""
+    if online:
+        import pystac.validation
 
-    validator = JsonSchemaSTACValidator()
-    if not online:
-        validator.schema_cache.update(EXTENSION_SCHEMAS)
-        for uri in document.get("stac_extensions") or []:
-            if uri not in validator.schema_cache:
-                raise AssertionError(f"no offline schema for {uri}; add it to tests/stac_schemas.py")
-    return pystac.validation.validate_dict(document, validator=validator)
+        return pystac.validation.validate_dict(document)
+    extensions = document.get("stac_extensions") or []
+    urls = [_core_url(document), *extensions]
+    missing = [url for url in urls if url not in SCHEMAS]
+    if missing:
+        raise AssertionError(f"no offline schema for {', '.join(missing)}; vendor it under tests/schemas "
+                             "(tests/schemas/README.md)")
+    for url in urls:
+        errors = list(Draft7Validator(SCHEMAS[url], registry=REGISTRY).iter_errors(document))
+        if errors:
+            raise STACValidationError(f"{document.get('type')} {document.get('id')!r} is invalid against {url}: "
+                                      f"{_describe(errors)}", source=errors)
+    return urls
+
+
+def _describe(errors: list) -> str:
+    """The deepest error, looking inside oneOf/anyOf (the extension schemas wrap everything in one, Item or
+    Collection; the branch that does not apply fails at ``$.type``), so the message names the wrong field rather
+    than the whole document."""
+
+    def leaves(found):
+        for error in found:
+            yield from leaves(error.context) if error.context else (error,)
+
+    error = max(leaves(errors), key=lambda e: len(e.absolute_path))  # max: the first of the deepest
+    return f"{error.json_path}: {error.message[:500]}"

@@ -1,7 +1,7 @@
 """Issue 12: outputs GIS tools open and catalogs index.
 
 Real runs over the sample scenes (real COGs), then the outputs opened the way users open them: GDAL through
-rasterio (``ZARR:"path":/band``), xarray/rioxarray, rio-cogeo's validator, pystac's JSON-Schema validator (offline,
+rasterio (``ZARR:"path":/band``), xarray/rioxarray, rio-cogeo's validator, the official STAC JSON schemas (offline,
 see tests/stac_schemas.py), and a second rasterflow run whose catalog is the first run's STAC items. Every number is
 checked against the NumPy reference of tests/reference.py.
 """
@@ -321,7 +321,8 @@ def test_report_has_the_permissions_of_the_outputs(median_job):
 
 
 def test_the_stac_validator_rejects_broken_documents(median_job):
-    """The offline validation is real: each broken field fails, and so does an extension without a schema."""
+    """The offline validation is real (the official schemas, tests/schemas): each broken or misspelt field fails,
+    and so does an extension without a schema."""
     import copy
 
     from pystac.errors import STACValidationError
@@ -332,9 +333,11 @@ def test_the_stac_validator_rejects_broken_documents(median_job):
     assert set(item["stac_extensions"]) <= set(used) and len(item["stac_extensions"]) == 4  # every extension checked
     breakages = {
         "proj:shape": lambda d: d["properties"].update({"proj:shape": ["256", 256]}),
+        "misspelt proj:epgs": lambda d: d["properties"].update({"proj:epgs": 32633}),
+        "misspelt asset raster:band": lambda d: d["assets"]["data"].update({"raster:band": [{"nodata": 0}]}),
         "raster nodata": lambda d: d["assets"]["data"]["raster:bands"][0].update({"nodata": "none"}),
         "valid_percent": lambda d: d["assets"]["data"]["raster:bands"][0]["statistics"].update(
-            {"valid_percent": 120}),
+            {"valid_percent": "99%"}),  # raster v1.1.0 sets no range (120 passes), only a number
         "file:checksum": lambda d: d["assets"]["data"].update({"file:checksum": "sha256:xyz"}),
         "processing:software": lambda d: d["properties"].update({"processing:software": {"gdal": 3}}),
         "collection link": lambda d: d.update({"links": [lk for lk in d["links"] if lk["rel"] != "collection"]}),
