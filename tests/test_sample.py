@@ -327,13 +327,14 @@ def test_reuses_a_complete_sample(tmp_path):
     kwargs = {"size": 64, "n_dates": 3, "blocksize": 32}
     first = generate_sample(tmp_path / "s", **kwargs)
     files = sorted((tmp_path / "s").rglob("*"))
-    mtimes = {p: p.stat().st_mtime_ns for p in files}
+    # every file but the lock file, which filelock truncates (to empty, as it was) on each acquire
+    mtimes = {p: p.stat().st_mtime_ns for p in files if p.name != ".sample.lock"}
     t0 = time.perf_counter()
     second = generate_sample(tmp_path / "s", **kwargs)
     assert time.perf_counter() - t0 < 0.5
     assert second == first
     assert sorted((tmp_path / "s").rglob("*")) == files
-    assert {p: p.stat().st_mtime_ns for p in files} == mtimes
+    assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
 
     # overwrite=True regenerates (same content)
     time.sleep(0.01)
@@ -383,6 +384,35 @@ def test_multi_tile_layout(tmp_path):
     for item in items:
         w, s, e, n = item["bbox"]
         assert west <= w and south <= s and e <= east and n <= north
+
+
+def test_concurrent_calls_on_one_directory_are_serialised(tmp_path):
+    """A generation waits while another process holds the directory's lock (``.sample.lock``, filelock), and two
+    threads generating into one directory then both get the one complete sample."""
+    import threading
+
+    kwargs = {"size": 32, "n_dates": 2, "blocksize": 16}
+    d = tmp_path / "s"
+    d.mkdir()
+    hold = ("import sys, filelock; lock = filelock.FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); "
+            "sys.stdin.readline()")
+    results: list[SampleCatalog] = []
+    with subprocess.Popen([sys.executable, "-c", hold, str(d / ".sample.lock")], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as holder:
+        assert holder.stdin is not None and holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        threads = [threading.Thread(target=lambda: results.append(generate_sample(d, **kwargs))) for _ in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        assert not results and not (d / "sample.json").exists()  # both wait for the lock
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.wait(timeout=30) == 0
+    for t in threads:
+        t.join(timeout=120)
+    assert len(results) == 2 and results[0] == results[1]
+    assert generate_sample(d, **kwargs) == results[0]  # complete: reused
 
 
 def test_rejects_bad_parameters(tmp_path):
