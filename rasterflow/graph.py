@@ -205,7 +205,12 @@ def build_dataset(plan: JobPlan) -> xr.Dataset:
                                          keep_period, keep_quantile)
                      for index, name in enumerate(program.band_names)}
     if plan.period_labels:
-        coords["period"] = np.array(plan.period_labels)
+        # each period's start (CF-style bounds: period_end, exclusive), and the label files are named by
+        coords["period"] = ("period", np.array([np.datetime64(a, "ns") for a, _ in plan.period_bounds]),
+                            {"long_name": "start of the period", "bounds_end": "period_end"})
+        coords["period_end"] = ("period", np.array([np.datetime64(b, "ns") for _, b in plan.period_bounds]),
+                                {"long_name": "end of the period (exclusive)"})
+        coords["period_label"] = ("period", np.array(plan.period_labels))
     if plan.quantile_dim:
         coords["quantile"] = np.array(program.quantiles)
     dataset = xr.Dataset(variables, coords=coords)

@@ -18,8 +18,8 @@ from rasterflow import lookup
 from rasterflow.expr import Expression
 
 __all__ = [
-    "Program", "Planes", "ItemStream", "TaskItems", "task_items", "absent_bands", "absent_is_nan", "working_plane", "band_block", "reduce_block", "reduce_statistics", "reduce_time", "nanquantile_time", "solar_day_steps", "period_labels",
-    "group_indices", "std_partials", "combine_std_partials", "finish_std",
+    "Program", "Planes", "ItemStream", "TaskItems", "task_items", "absent_bands", "absent_is_nan", "working_plane", "band_block", "reduce_block", "reduce_statistics", "reduce_time", "nanquantile_time", "solar_day_steps",
+    "std_partials", "combine_std_partials", "finish_std",
 ]
 
 
@@ -359,6 +359,9 @@ def reduce_block(planes: Planes | ItemStream, program: Program, view: TaskItems 
         fill = absent.get(name)
         keep = fill is not None and not bool(np.isnan(fill).all())
         for group_index, indices in enumerate(groups):
+            if not indices:  # a period of the window without a date: NaN, a count of 0
+                out[group_index, :, band_index] = empty_result(program, planes.spatial_shape)
+                continue
             if position is None:
                 local: Sequence[int] = indices
             else:
@@ -419,6 +422,14 @@ def reduce_time(values: np.ndarray, method: str, quantiles: Sequence[float] = ()
         else:
             raise ValueError(f"unknown reduction {method!r}")
     return np.asarray(result, dtype=dtype)[None]
+
+
+def empty_result(program: Program, shape: tuple[int, int]) -> np.ndarray:
+    """The result slots of a period without a date: NaN, 0 for a count."""
+    slots = program.statistics or tuple((m, m, q) for m in (program.reduce_method or "",)
+                                        for q in (program.quantiles or (None,)))
+    return np.stack([np.full(shape, 0 if method == "count" else np.nan, dtype=program.dtype)
+                     for _, method, _ in slots])
 
 
 def reduce_statistics(values: np.ndarray, statistics: Sequence[tuple[str, str, float | None]]) -> np.ndarray:
@@ -542,29 +553,3 @@ def solar_day_steps(items: Sequence[dict]) -> tuple[tuple[str, ...], tuple[tuple
     return first, tuple(tuple(indices) for indices in steps.values())
 
 
-def period_labels(times: Sequence[np.datetime64], period: str) -> list[str]:
-    """Label each date with its period: month "2024-06", season "2024-JJA" (December counts to the next DJF),
-    year "2024"."""
-    labels = []
-    for value in times:
-        stamp: Any = np.asarray(value).astype("datetime64[D]").item()  # a datetime.date
-        if period == "month":
-            labels.append(f"{stamp.year:04d}-{stamp.month:02d}")
-        elif period == "year":
-            labels.append(f"{stamp.year:04d}")
-        elif period == "season":
-            season = {12: "DJF", 1: "DJF", 2: "DJF", 3: "MAM", 4: "MAM", 5: "MAM",
-                      6: "JJA", 7: "JJA", 8: "JJA"}.get(stamp.month, "SON")
-            year = stamp.year + 1 if stamp.month == 12 else stamp.year
-            labels.append(f"{year:04d}-{season}")
-        else:
-            raise ValueError(f"unknown period {period!r}")
-    return labels
-
-
-def group_indices(labels: Sequence[str]) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
-    """Distinct labels in order of first appearance (dates are sorted) and the time indices of each."""
-    order: dict[str, list[int]] = {}
-    for index, label in enumerate(labels):
-        order.setdefault(label, []).append(index)
-    return tuple(order), tuple(tuple(v) for v in order.values())

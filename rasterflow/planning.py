@@ -8,13 +8,14 @@ read policy, the output and the cluster): nothing after :func:`make_plan` reads 
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from rasterflow import budget
 from rasterflow.errors import SpecError, SpecIssue
-from rasterflow.kernels import Program, absent_is_nan, group_indices, period_labels, solar_day_steps
+from rasterflow.kernels import Program, absent_is_nan, solar_day_steps
 from rasterflow.read import tiles
 from rasterflow.read.policy import ReadPolicy, io_concurrency, policy_from_spec
 from rasterflow.read.remote import is_remote
@@ -127,6 +128,25 @@ class ClusterPlan:
     gdal_cachemax: int | str = "auto"
     processes: bool | str = "auto"
     memory: MemoryPlan = field(default_factory=MemoryPlan)
+
+
+def plan_periods(spec: Any, times: Sequence[str]) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...],
+                                                            tuple[tuple[str, str], ...]]:
+    """Every period of the search window (``reduce.period``; an open end taken from the first / last date):
+    labels, the output dates in each (empty for a period without one) and each period's ``[start, end)``."""
+    from rasterflow.periods import group_by_period, window_periods
+    from rasterflow.spec.timeparse import parse_datetime_window
+
+    start, end = parse_datetime_window(spec.source.stac.datetime).resolve()
+    first = start if start is not None else (min(times) if times else None)
+    last = end if end is not None else (max(times) if times else None)
+    periods = window_periods(first, last, spec.reduce_period)
+
+    def naive(value: Any) -> str:
+        return value.astimezone(dt.timezone.utc).replace(tzinfo=None).isoformat()
+
+    return (tuple(p.label for p in periods), group_by_period(times, periods),
+            tuple((naive(p.start), naive(p.end)) for p in periods))
 
 
 def reduce_method(spec: Any) -> str | None:
@@ -566,6 +586,9 @@ class JobPlan:
     times: tuple[str, ...] = ()
     """The output dates (ISO 8601, UTC, no zone): one per item, or one per pass with ``group_by: solar_day``."""
     period_labels: tuple[str, ...] = ()
+    period_bounds: tuple[tuple[str, str], ...] = ()
+    """Per period, ``(start, end)`` as ISO 8601 UTC without a zone, the end exclusive: every period of the window,
+    those without an item too (:func:`rasterflow.periods.window_periods`)."""
     """The output periods ("2024-06", "2024-JJA", "2024"), empty without ``reduce.period``."""
     quantile_dim: bool = False
     """True when the output has a quantile dimension (``reduce.q`` is a list)."""
@@ -754,13 +777,13 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
         report = budget.dataclasses_replace(report, warnings=report.warnings + sources.warnings)
     times: tuple[str, ...] = ()
     labels: tuple[str, ...] = ()
+    bounds: tuple[tuple[str, str], ...] = ()
     program = None
     if items is not None:
         times, steps = dates
         groups: tuple[tuple[int, ...], ...] = ()
         if spec.reduce_period:
-            stamps = [np.datetime64(t) for t in times]
-            labels, groups = group_indices(period_labels(stamps, spec.reduce_period))
+            labels, groups, bounds = plan_periods(spec, times)
         program = Program(
             assets=shape.assets_loaded, mask=shape.mask, masked_assets=shape.masked_assets, bands=shape.bands,
             dtype=spec.grid.dtype, reduce_method=reduce_method(spec),
@@ -769,7 +792,7 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
         )
     return JobPlan(
         grid=grid, layout=layout, shape=shape, report=report, items=tuple(items or ()), sources=sources,
-        program=program, times=times, period_labels=labels,
+        program=program, times=times, period_labels=labels, period_bounds=bounds,
         quantile_dim=len(spec.reductions) == 1 and isinstance(spec.reductions[0].q, list), name=spec.name,
         resampling=spec.grid.resampling, expressions=tuple(spec.bands.items()),
         cost=None if sources is None else job_cost(sources, grid, report, layout, index, remote,
@@ -833,12 +856,11 @@ def _budget_details(spec: Any, times: Sequence[str], sources: SourceTable, layou
     """What the items tell the budget: each asset's load dtype and coverage planes, the output dates (passes,
     ``times`` from :func:`output_dates`), the largest period, the machine the client (and a LocalCluster) runs
     on, and from the chunk index what one task holds: its items, dates and files (``index.depth``)."""
-    import numpy as np
 
     group_dates = None
     if spec.reduce_period and times:
-        _, groups = group_indices(period_labels([np.datetime64(t) for t in times], spec.reduce_period))
-        group_dates = max(len(g) for g in groups)
+        _, groups, _ = plan_periods(spec, times)
+        group_dates = max((len(g) for g in groups), default=0) or None
     return {
         "asset_dtypes": tuple(a.load_dtype for a in sources.assets),
         "coverage_assets": sum(1 for a in sources.assets if a.fill is None),

@@ -15,7 +15,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rasterflow.kernels import group_indices, nanquantile_time, period_labels, reduce_time
+from rasterflow.kernels import nanquantile_time, reduce_time
+from rasterflow.periods import label_of
+
+
+def period_labels(times, period: str) -> list[str]:
+    """Each date's period label, by rasterflow.periods (the one rule the planner uses)."""
+    return [label_of(str(np.datetime_as_string(np.datetime64(t, "us"))), period) for t in times]
+
+
+def group_indices(labels):
+    """Distinct labels in order of first appearance and the indices of each (what the planner's groups are)."""
+    order: dict = {}
+    for index, label in enumerate(labels):
+        order.setdefault(label, []).append(index)
+    return tuple(order), tuple(tuple(v) for v in order.values())
 
 DTYPES = (np.float32, np.float64)
 METHODS = ("mean", "median", "min", "max", "std", "sum", "count")

@@ -33,9 +33,13 @@ def _report(output: Path) -> dict:
 
 
 def _open_zarr(path: Path) -> xr.Dataset:
+    """The output, its periods indexed by their labels ("2024-06"; the stored coordinate holds their starts)."""
     import rioxarray  # noqa: F401
 
-    return xr.open_zarr(path, consolidated=True)
+    ds = xr.open_zarr(path, consolidated=True)
+    if "period_label" in ds.coords:
+        ds = ds.assign_coords(period=ds["period_label"].values)
+    return ds
 
 
 def _expected_transform(sample):
@@ -363,8 +367,13 @@ def test_group_by_solar_day_median_per_month(two_tile_sample, tmp_path):
     expected, dates = _mosaic_reference(two_tile_sample)
     labels = np.array([d[:7] for d in dates])
     ds = _open_zarr(tmp_path / "out" / "m.zarr")
+    assert list(ds["period"].values) == ["2024-06", "2024-07", "2024-08"]  # every month of the window
     for month in ds["period"].values:
+        if not (labels == month).any():  # a month of the window without a pass: in the output, all NaN
+            assert np.isnan(ds["ndvi"].sel(period=month).values).all()
+            continue
         assert_same(ds["ndvi"].sel(period=month).values, reduce_reference(expected[labels == month], "median"))
+    assert set(labels) < set(ds["period"].values)  # this sample leaves a month empty
 
 
 def test_a_deep_chunk_is_reduced_in_sub_blocks_on_real_workers(sample, tmp_path):

@@ -7,6 +7,7 @@ Every field carries a description so the generated JSON Schema documents itself 
 from __future__ import annotations
 
 import keyword
+from datetime import date, datetime
 import math
 import re
 from pathlib import PurePosixPath
@@ -378,9 +379,22 @@ class Reduce(_Model):
     q: Annotated[StrictFloat, Field(ge=0, le=1)] | list[Annotated[StrictFloat, Field(ge=0, le=1)]] | None = Field(
         default=None, description="Quantile(s) in 0..1; required for method quantile, and only for it."
     )
-    period: Literal["month", "season", "year"] | None = Field(
-        default=None, description="null = the whole window; month | season | year = one result per period."
+    period: StrictStr | list[StrictStr | list[StrictStr | date | datetime]] | None = Field(
+        default=None,
+        description="null = the whole window; else one result per period, every period of the window in the output "
+        "(one without data is NaN, count 0): month | season | year | dekad (days 1-10, 11-20, 21-end of each "
+        "month) | an ISO 8601 duration anchored at the window's start (P16D, P1W, P3M) | a list of [start, end] "
+        "intervals (inclusive dates, as source.stac.datetime).",
     )
+
+    @field_validator("period")
+    @classmethod
+    def _check_period(cls, period: Any) -> Any:
+        from rasterflow.periods import parse_period
+
+        if period is not None:
+            parse_period(period)  # a ValueError says what to change
+        return period
 
     @field_validator("over")
     @classmethod
@@ -773,8 +787,8 @@ class Spec(_Model):
         return tuple(self.reduce) if isinstance(self.reduce, list) else (self.reduce,)
 
     @property
-    def reduce_period(self) -> str | None:
-        """``reduce.period`` (of whichever entry of a list gives it)."""
+    def reduce_period(self) -> Any:
+        """``reduce.period`` (of whichever entry of a list gives it): a name, a duration or a list of intervals."""
         return next((r.period for r in self.reductions if r.period), None)
 
     @property
@@ -800,7 +814,7 @@ def statistic_name(method: str, q: float | None = None) -> str:
 def _check_statistics(entries: list[Reduce], chunk_time: int) -> None:
     """A list ``reduce``: each statistic once, one period, time whole (the statistics share the task's series)."""
     seen: dict[str, int] = {}
-    periods = {r.period for r in entries if r.period}
+    periods = {str(r.period) for r in entries if r.period}
     first_period = next((r.period for r in entries if r.period), None)
     for index, entry in enumerate(entries):
         for q in entry.quantiles or (None,):
@@ -810,7 +824,7 @@ def _check_statistics(entries: list[Reduce], chunk_time: int) -> None:
                 raise _LocatedError(("reduce", index, "method" if q is None else "q"),
                                     f"{what} is listed twice (entries {seen[name]} and {index}); remove one")
             seen[name] = index
-        if len(periods) > 1 and entry.period and entry.period != first_period:
+        if len(periods) > 1 and entry.period and str(entry.period) != str(first_period):
             raise _LocatedError(("reduce", index, "period"),
                                 f"the statistics of one run share one period; entries ask for "
                                 f"{' and '.join(sorted(periods))}: give period once")

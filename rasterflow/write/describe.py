@@ -99,28 +99,6 @@ def rfc3339(value: dt.datetime) -> str:
     return format_rfc3339(value)
 
 
-def _period_bounds(label: str, period: str) -> tuple[dt.datetime, dt.datetime]:
-    """[first instant, last instant] of a period label as :func:`rasterflow.kernels.period_labels` writes them."""
-    utc = dt.timezone.utc
-    last = dt.timedelta(microseconds=1)
-    if period == "year":
-        year = int(label)
-        return dt.datetime(year, 1, 1, tzinfo=utc), dt.datetime(year + 1, 1, 1, tzinfo=utc) - last
-    if period == "month":
-        year, month = (int(p) for p in label.split("-"))
-        nxt = dt.datetime(year + (month == 12), month % 12 + 1, 1, tzinfo=utc)
-        return dt.datetime(year, month, 1, tzinfo=utc), nxt - last
-    if period == "season":
-        year_text, season = label.split("-")
-        year = int(year_text)
-        first_month = {"DJF": 12, "MAM": 3, "JJA": 6, "SON": 9}[season]
-        start = dt.datetime(year - 1 if season == "DJF" else year, first_month, 1, tzinfo=utc)
-        end_month = first_month + 3
-        end = dt.datetime(start.year + (end_month > 12), (end_month - 1) % 12 + 1, 1, tzinfo=utc)
-        return start, end - last
-    raise ValueError(f"unknown period {period!r}")
-
-
 def describe_run(plan: Any, *, window: tuple[dt.datetime | None, dt.datetime | None], period: str | None = None,
                  mask: str | None = None, version: str | None = None) -> RunDescription:
     """The description of a planned run.
@@ -142,7 +120,6 @@ def describe_run(plan: Any, *, window: tuple[dt.datetime | None, dt.datetime | N
     -------
     RunDescription
     """
-    from rasterflow.kernels import period_labels
     from rasterflow.spec.timeparse import parse_instant
 
     if version is None:
@@ -153,17 +130,17 @@ def describe_run(plan: Any, *, window: tuple[dt.datetime | None, dt.datetime | N
     start = _utc(start) if start is not None else (times[0] if times else dt.datetime.now(dt.timezone.utc))
     end = _utc(end) if end is not None else (times[-1] if times else start)
     periods: dict[str, PeriodInfo] = {}
-    if period and times:
-        import numpy as np
-
-        labels = period_labels([np.datetime64(t.replace(tzinfo=None)) for t in times], period)
-        for label in dict.fromkeys(labels):
-            first, last = _period_bounds(label, period)
-            periods[label] = PeriodInfo(max(first, start), min(last, end), labels.count(label))
+    last_instant = dt.timedelta(microseconds=1)
+    for label, (first_text, end_text) in zip(plan.period_labels, plan.period_bounds):
+        # every period of the window (the plan's, rasterflow.periods): its part inside the window, its items
+        first, after = _utc(dt.datetime.fromisoformat(first_text)), _utc(dt.datetime.fromisoformat(end_text))
+        count = sum(1 for t in times if first <= t < after)
+        periods[label] = PeriodInfo(max(first, start), max(max(first, start), min(after - last_instant, end)), count)
     program = plan.program
     return RunDescription(
         name=plan.name, method=program.reduce_method if program is not None else None,
-        quantiles=tuple(program.quantiles) if program is not None else (), period=period,
+        quantiles=tuple(program.quantiles) if program is not None else (),
+        period=None if period is None else period if isinstance(period, str) else "intervals",
         window=PeriodInfo(start, end, len(plan.items)), periods=periods, expressions=tuple(plan.expressions),
         mask=mask, version=str(version), item_ids=tuple(str(item.get("id")) for item in plan.items),
     )

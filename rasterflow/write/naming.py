@@ -113,7 +113,9 @@ def cog_entries(path: str, ds_or_coords: Any) -> list[tuple[dict[str, int], dict
         ds = ds_or_coords
         coords = {}
         for dim in leading_dims(ds):
-            if dim in ds.coords:
+            if f"{dim}_label" in ds.coords:  # e.g. period: datetimes, named in files by their labels ("2024-06")
+                coords[dim] = [str(v) for v in ds[f"{dim}_label"].values]
+            elif dim in ds.coords:
                 coords[dim] = list(ds[dim].values)
             else:  # a dimension without a coordinate: number the files
                 coords[dim] = list(range(ds.sizes[dim]))
