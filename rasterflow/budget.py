@@ -97,6 +97,11 @@ REDUCTION_EXTRA_PLANES: Mapping[str, float] = {
     "count": 0.5,
     "min": 0.1,
     "max": 0.1,
+    # geomad's work arrays per slab of 256² pixels (rasterflow.geomedian.geomedian_work_bytes: 4TBP + 5TP + ...)
+    # are at most the stack of a slab: counted as half of one band's series of a 1024² chunk (B <= 8 bands)
+    "geomedian": 0.5,
+    # the date index and one gathered plane per band (rasterflow.bestpixel.best_work_bytes: ~21 B per pixel)
+    "best": 0.1,
 }
 
 TREE_CHUNK_EXTRA_PLANES: Mapping[str, Any] = {
@@ -381,6 +386,16 @@ class PipelineShape:
     0 for a single ``reduce``."""
 
 
+def _composite_outputs(spec: Any) -> int:
+    """A geomedian's or best-pixel composite's output variables (result slots), 0 for anything else."""
+    reduce = spec.reduce if not isinstance(spec.reduce, list) else None
+    if reduce is None or reduce.method not in ("geomedian", "best"):
+        return 0
+    if reduce.method == "geomedian":
+        return len(reduce.bands) + (3 if reduce.mads else 0) + 1
+    return len(spec.bands)
+
+
 def _budget_method(spec: Any) -> str | None:
     """The method the budget sizes a task by: a single ``reduce``'s; for a list (its statistics run one after the
     other on the same series, each result in its slot) the one with the most working copies, an order statistic
@@ -400,7 +415,7 @@ def pipeline_shape(spec: Any) -> PipelineShape:
     mask = parse_expression(spec.mask, assets, what="mask") if spec.mask else None
     known = list(assets)
     bands = []
-    for name, text in spec.bands.items():
+    for name, text in spec.program_bands.items():
         bands.append((name, parse_expression(text, known, what=f"band {name!r}")))
         known.append(name)
     read_by_bands = set().union(*(expr.names for _, expr in bands)) & set(assets)
@@ -411,7 +426,8 @@ def pipeline_shape(spec: Any) -> PipelineShape:
         masked_assets=tuple(a for a in assets if a in read_by_bands) if mask else (),
         bands=tuple(bands),
         reduce_method=_budget_method(spec),
-        n_quantiles=len(spec.statistics) or (len(spec.reduce.quantiles) if spec.reduce is not None else 0),
+        n_quantiles=len(spec.statistics) or _composite_outputs(spec) or (
+            len(spec.reduce.quantiles) if spec.reduce is not None else 0),
         has_period=bool(spec.reduce_period),
         mosaics_passes=spec.source.group_by == "solar_day",
         output_format=getattr(spec.output, "resolved_format", "zarr"),

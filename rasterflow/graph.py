@@ -188,9 +188,12 @@ def build_dataset(plan: JobPlan) -> xr.Dataset:
     elif path == "fused":
         fused = _task_array(plan, f"rasterflow-{program.reduce_method}", chunk_reduce,
                             (n_items,) if program.steps else item_chunks,
-                            ((program.n_groups,), (program.n_quantiles,), (n_bands,)), program.dtype,
+                            ((program.n_groups,), (program.n_quantiles,), (program.n_result_bands,)), program.dtype,
                             (plan.sub_block,))
-        if program.statistics:  # several statistics: one variable per band and statistic, {band}_{statistic}
+        if program.composite is not None:  # a geomedian or best-pixel composite: a variable per result slot
+            variables = {name: _statistic_band(fused, 0, slot, name, keep_period)
+                         for slot, name in enumerate(program.composite.outputs)}
+        elif program.statistics:  # several statistics: one variable per band and statistic, {band}_{statistic}
             variables = {f"{name}_{statistic}": _statistic_band(fused, index, slot, f"{name}_{statistic}",
                                                                 keep_period)
                          for index, name in enumerate(program.band_names)
@@ -216,7 +219,15 @@ def build_dataset(plan: JobPlan) -> xr.Dataset:
     dataset = xr.Dataset(variables, coords=coords)
     dataset.attrs.update({"rasterflow_pipeline": plan.name, "rasterflow_items": n_items})
     expressions = dict(plan.expressions)
-    if program.statistics:
+    if program.composite is not None:
+        composite = program.composite
+        for name in composite.outputs:
+            attrs = dataset[name].attrs
+            attrs.update(long_name=name, rasterflow_statistic=composite.method,
+                         rasterflow_expression=expressions.get(name, name if name in composite.inputs else ""))
+            if composite.method == "best":
+                attrs.update(rasterflow_best_by=composite.by, rasterflow_best_order=composite.order)
+    elif program.statistics:
         for band in program.band_names:
             for statistic, method, q in program.statistics:
                 attrs = dataset[f"{band}_{statistic}"].attrs

@@ -24,6 +24,23 @@ __all__ = [
 
 
 @dataclass(frozen=True)
+class Composite:
+    """A reduction over several bands at once: a geomedian (GA's ``geomad``) or a best-pixel composite."""
+
+    method: str
+    """``geomedian`` or ``best``."""
+    inputs: tuple[str, ...]
+    """geomedian: the bands of the geometric median; best: the bands taken from the chosen date."""
+    outputs: tuple[str, ...]
+    """The variables written, in the order of the task's result slots."""
+    mads: bool = True
+    maxiters: int = 1000
+    eps: float = 1e-4
+    by: str = ""
+    order: str = "max"
+
+
+@dataclass(frozen=True)
 class Program:
     """What a task computes, small and picklable (it travels to the workers with every task)."""
 
@@ -41,6 +58,8 @@ class Program:
     steps: tuple[tuple[int, ...], ...] = ()
     """Item indices that make up each output date (``source.group_by: solar_day``: the tiles of one pass, mosaicked
     per pixel after masking); empty = every item is its own date."""
+    composite: Composite | None = None
+    """A geomedian or best-pixel composite: one result slot per output variable, a band axis of one."""
     statistics: tuple[tuple[str, str, float | None], ...] = ()
     """Several statistics from one read (a list ``reduce``): per output slot ``(name, method, q)``, the variables
     named ``{band}_{name}``; empty = the one ``reduce_method`` (with ``quantiles``, one slot per quantile)."""
@@ -51,7 +70,10 @@ class Program:
 
     @property
     def output_names(self) -> tuple[str, ...]:
-        """The output's variables: the bands, or ``{band}_{statistic}`` for each band and statistic of a list."""
+        """The output's variables: the bands, ``{band}_{statistic}`` for each band and statistic of a list, or a
+        composite's outputs."""
+        if self.composite is not None:
+            return self.composite.outputs
         if self.statistics:
             return tuple(f"{band}_{name}" for band in self.band_names for name, _, _ in self.statistics)
         return self.band_names
@@ -68,8 +90,16 @@ class Program:
 
     @property
     def n_quantiles(self) -> int:
-        """Result slots per band and group: the statistics of a list, else the quantiles (at least 1)."""
+        """Result slots per band and group: a composite's outputs, the statistics of a list, else the quantiles
+        (at least 1)."""
+        if self.composite is not None:
+            return len(self.composite.outputs)
         return len(self.statistics) or max(1, len(self.quantiles))
+
+    @property
+    def n_result_bands(self) -> int:
+        """The band axis of a fused task's result: 1 for a composite, else every band."""
+        return 1 if self.composite is not None else len(self.bands)
 
 
 @dataclass(frozen=True)
@@ -353,7 +383,15 @@ def reduce_block(planes: Planes | ItemStream, program: Program, view: TaskItems 
     groups = program.groups or (tuple(range(n_dates)),)
     position = {d: p for p, d in enumerate(view.dates)} if view is not None else None
     absent = absent_bands(program, planes.spatial_shape) if position is not None and len(position) < n_dates else {}
-    out = np.empty((len(groups), program.n_quantiles, len(values), *planes.spatial_shape), dtype=program.dtype)
+    out = np.empty((len(groups), program.n_quantiles, program.n_result_bands, *planes.spatial_shape),
+                   dtype=program.dtype)
+    if program.composite is not None:
+        for group_index, indices in enumerate(groups):
+            dates = list(indices) if position is None else [position[d] for d in indices if d in position]
+            out[group_index, :, 0] = composite_result(program, {name: values[name][dates]
+                                                                for name in composite_inputs(program.composite)},
+                                                      planes.spatial_shape)
+        return out
     for band_index, name in enumerate(program.band_names):
         series = values.pop(name)
         fill = absent.get(name)
@@ -422,6 +460,36 @@ def reduce_time(values: np.ndarray, method: str, quantiles: Sequence[float] = ()
         else:
             raise ValueError(f"unknown reduction {method!r}")
     return np.asarray(result, dtype=dtype)[None]
+
+
+def composite_inputs(composite: Composite) -> tuple[str, ...]:
+    """The band series a composite reads: its inputs, and ``by`` for a best-pixel composite."""
+    extra = (composite.by,) if composite.method == "best" and composite.by not in composite.inputs else ()
+    return composite.inputs + extra
+
+
+def composite_result(program: Program, series: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    """A composite of one period's ``(date, y, x)`` series per band -> ``(outputs, y, x)``."""
+    composite = program.composite
+    assert composite is not None
+    dtype = np.dtype(program.dtype)
+    if composite.method == "geomedian":
+        from rasterflow.geomedian import geomedian_block
+
+        stack = [series[name] for name in composite.inputs]
+        if not stack[0].shape[0]:  # a period without a date: NaN, a count of 0
+            result = np.full((len(composite.outputs), *shape), np.nan, dtype=np.float32)
+            result[-1] = 0
+            return result.astype(dtype, copy=False)
+        return geomedian_block(stack, mads=composite.mads, maxiters=composite.maxiters,
+                               eps=composite.eps).astype(dtype, copy=False)
+    from rasterflow.bestpixel import best_pixel
+
+    by = series[composite.by]
+    if not by.shape[0]:
+        return np.full((len(composite.outputs), *shape), np.nan, dtype=dtype)
+    return best_pixel(by, [series[name] for name in composite.inputs],
+                      "min" if composite.order == "min" else "max").astype(dtype, copy=False)
 
 
 def empty_result(program: Program, shape: tuple[int, int]) -> np.ndarray:

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from rasterflow import budget
 from rasterflow.errors import SpecError, SpecIssue
-from rasterflow.kernels import Program, absent_is_nan, solar_day_steps
+from rasterflow.kernels import Composite, Program, absent_is_nan, solar_day_steps
 from rasterflow.read import tiles
 from rasterflow.read.policy import ReadPolicy, io_concurrency, policy_from_spec
 from rasterflow.read.remote import is_remote
@@ -147,6 +147,21 @@ def plan_periods(spec: Any, times: Sequence[str]) -> tuple[tuple[str, ...], tupl
 
     return (tuple(p.label for p in periods), group_by_period(times, periods),
             tuple((naive(p.start), naive(p.end)) for p in periods))
+
+
+def composite_of(spec: Any) -> Composite | None:
+    """A geomedian's or best-pixel composite's plan (None for any other reduction)."""
+    reduce = spec.reduce if not isinstance(spec.reduce, list) else None
+    if reduce is None or reduce.method not in ("geomedian", "best"):
+        return None
+    if reduce.method == "geomedian":
+        from rasterflow.geomedian import geomedian_variables
+
+        bands = tuple(reduce.bands)
+        return Composite("geomedian", bands, geomedian_variables(bands, reduce.mads), mads=reduce.mads,
+                         maxiters=reduce.maxiters, eps=float(reduce.eps))
+    outputs = tuple(spec.bands)
+    return Composite("best", outputs, outputs, by=reduce.by, order=reduce.order)
 
 
 def reduce_method(spec: Any) -> str | None:
@@ -788,7 +803,7 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
             assets=shape.assets_loaded, mask=shape.mask, masked_assets=shape.masked_assets, bands=shape.bands,
             dtype=spec.grid.dtype, reduce_method=reduce_method(spec),
             quantiles=spec.reduce.quantiles if spec.reduce is not None and not spec.statistics else (),
-            groups=groups, steps=steps, statistics=spec.statistics,
+            groups=groups, steps=steps, statistics=spec.statistics, composite=composite_of(spec),
         )
     return JobPlan(
         grid=grid, layout=layout, shape=shape, report=report, items=tuple(items or ()), sources=sources,

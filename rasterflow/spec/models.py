@@ -49,7 +49,9 @@ __all__ = [
     "CUBE_DIMS",
 ]
 
-REDUCE_METHODS = ("mean", "median", "min", "max", "std", "sum", "count", "quantile")
+REDUCE_METHODS = ("mean", "median", "min", "max", "std", "sum", "count", "quantile", "geomedian", "best")
+COMPOSITE_METHODS = ("geomedian", "best")
+"""Methods over several bands at once: alone in ``reduce`` (not in a list), time whole."""
 CUBE_DIMS = ("time", "band", "y", "x")
 RESAMPLING_METHODS = (
     "nearest", "bilinear", "cubic", "cubic_spline", "lanczos", "average", "mode", "max", "min", "med", "q1", "q3",
@@ -374,11 +376,32 @@ class Reduce(_Model):
 
     over: StrictStr = Field(default="time", description="The dimension reduced; rasterflow reduces over time.")
     method: Literal[REDUCE_METHODS] = Field(  # type: ignore[valid-type]
-        description="mean | median | min | max | std | sum | count | quantile."
+        description="mean | median | min | max | std | sum | count | quantile | geomedian (the geometric median "
+        "of several bands, with MADs) | best (every band from the date that maximises or minimises `by`)."
     )
     q: Annotated[StrictFloat, Field(ge=0, le=1)] | list[Annotated[StrictFloat, Field(ge=0, le=1)]] | None = Field(
         default=None, description="Quantile(s) in 0..1; required for method quantile, and only for it."
     )
+    bands: list[StrictStr] | None = Field(
+        default=None, description="geomedian only: the bands (assets or bands of `bands`) of the geometric "
+        "median, at least two, e.g. [red, green, nir, swir16]; each is an output variable, named as the band."
+    )
+    mads: StrictBool = Field(
+        default=True, description="geomedian only: also write emad, smad and bcmad (the median Euclidean, cosine "
+        "and Bray-Curtis distances to the geomedian); count is always written."
+    )
+    maxiters: Annotated[StrictInt, Field(ge=1)] = Field(
+        default=1000, description="geomedian only: most iterations per pixel (odc-algo's default)."
+    )
+    eps: Annotated[StrictFloat, Field(gt=0)] = Field(
+        default=1e-4, description="geomedian only: convergence tolerance in band units (reflectance: 1e-4; raw "
+        "digital numbers: about 0.1-1)."
+    )
+    by: StrictStr | None = Field(
+        default=None, description="best only: the band or asset whose largest (order: max) or smallest (min) value "
+        "picks the date of every output band at a pixel, e.g. ndvi."
+    )
+    order: Literal["max", "min"] = Field(default="max", description="best only: max or min of `by`.")
     period: StrictStr | list[StrictStr | list[StrictStr | date | datetime]] | None = Field(
         default=None,
         description="null = the whole window; else one result per period, every period of the window in the output "
@@ -412,6 +435,20 @@ class Reduce(_Model):
             raise _LocatedError(("q",), f"q is only used with method: quantile (method is {self.method!r}); remove q")
         if isinstance(self.q, list) and not self.q:
             raise _LocatedError(("q",), "q is an empty list; give at least one quantile")
+        if self.method == "geomedian":
+            if not self.bands or len(self.bands) < 2:
+                raise _LocatedError(("bands",), "a geomedian is over at least two bands, e.g. bands: [red, green, "
+                                                "nir, swir16]")
+            if len(set(self.bands)) < len(self.bands):
+                raise _LocatedError(("bands",), "a band is listed twice; list each once")
+        elif self.bands is not None:
+            raise _LocatedError(("bands",), f"bands is only used with method: geomedian (method is "
+                                            f"{self.method!r}); remove it")
+        if self.method == "best" and not self.by:
+            raise _LocatedError(("method",), "method best needs by: the band or asset whose maximum (or minimum, "
+                                             "order: min) picks the date, e.g. by: ndvi")
+        if self.method != "best" and self.by is not None:
+            raise _LocatedError(("by",), f"by is only used with method: best (method is {self.method!r}); remove it")
         return self
 
     @property
@@ -771,6 +808,8 @@ class Spec(_Model):
                                         f"or {size - size % chunk + chunk}, or change chunks.{axis}")
         if isinstance(self.reduce, list):
             _check_statistics(self.reduce, self.chunks.time)
+        elif self.reduce is not None and self.reduce.method in COMPOSITE_METHODS:
+            _check_composite(self.reduce, list(assets), list(self.bands), self.chunks.time)
         if self.output.resolved_format == "cog" and self.reduce is None:
             raise _LocatedError(
                 ("output", "format"),
@@ -785,6 +824,18 @@ class Spec(_Model):
         if self.reduce is None:
             return ()
         return tuple(self.reduce) if isinstance(self.reduce, list) else (self.reduce,)
+
+    @property
+    def program_bands(self) -> dict[str, str]:
+        """The bands the tasks compute: ``bands``, and an asset a geomedian or best-pixel composite names (its
+        masked values, as a band of the same name)."""
+        out = dict(self.bands)
+        reduce = self.reduce if not isinstance(self.reduce, list) else None
+        if reduce is not None and reduce.method in COMPOSITE_METHODS:
+            for name in [*(reduce.bands or ()), *([reduce.by] if reduce.by else [])]:
+                if name not in out:
+                    out[name] = name
+        return out
 
     @property
     def reduce_period(self) -> Any:
@@ -811,12 +862,34 @@ def statistic_name(method: str, q: float | None = None) -> str:
     return "q" + percent.replace(".", "_")
 
 
+def _check_composite(reduce: Reduce, assets: list[str], bands: list[str], chunk_time: int) -> None:
+    """A geomedian's bands and a best-pixel's ``by`` name assets or bands; time is whole (every date of a pixel
+    is looked at together)."""
+    known = assets + bands
+    if reduce.method == "geomedian":
+        for index, name in enumerate(reduce.bands or ()):
+            if name not in known:
+                raise _LocatedError(("reduce", "bands", index),
+                                    f"{name!r} is neither an asset nor a band; use one of {', '.join(known)}")
+    elif reduce.by not in known:
+        raise _LocatedError(("reduce", "by"), f"by: {reduce.by!r} names nothing; use an asset or a band: "
+                                              f"{', '.join(known)}")
+    if chunk_time != -1:
+        raise _LocatedError(("chunks", "time"),
+                            f"a {reduce.method} looks at every date of a pixel at once, so time must be whole; set "
+                            f"chunks.time: -1 (got {chunk_time})")
+
+
 def _check_statistics(entries: list[Reduce], chunk_time: int) -> None:
     """A list ``reduce``: each statistic once, one period, time whole (the statistics share the task's series)."""
     seen: dict[str, int] = {}
     periods = {str(r.period) for r in entries if r.period}
     first_period = next((r.period for r in entries if r.period), None)
     for index, entry in enumerate(entries):
+        if entry.method in COMPOSITE_METHODS:
+            raise _LocatedError(("reduce", index, "method"),
+                                f"a {entry.method} makes variables of its own and is not combined with other "
+                                f"statistics; give it alone: reduce: {{method: {entry.method}, ...}}")
         for q in entry.quantiles or (None,):
             name = statistic_name(entry.method, q)
             if name in seen:
