@@ -63,6 +63,14 @@ def test_several_statistics_from_one_read_to_zarr_equal_numpy(write_spec, sample
             assert ds[f"ndvi_{name}"].dims == ("y", "x")
         assert ds["ndvi_q10"].attrs["rasterflow_quantile"] == 0.1
         assert ds["ndvi_median"].attrs["rasterflow_statistic"] == "median"
+    # the STAC Item: a raster:bands entry per variable, with that variable's statistics
+    from rasterflow.write.stac import item_path
+
+    item = json.loads(Path(item_path(str(tmp_path / "out" / "stats.zarr"))).read_text())
+    bands = {b["name"]: b for b in item["assets"]["data"]["raster:bands"]}
+    assert sorted(bands) == sorted(f"{b}_{n}" for b in ("ndvi", "nir_ref") for n in NAMES)
+    assert bands["ndvi_count"]["statistics"]["maximum"] == expected["count"].max()
+    assert item["properties"]["rasterflow:method"] == "median+q10+q90+count+mean"
     # one task per chunk made every statistic: the plan's task count is that of a single statistic's graph
     single = write_spec(reduce="{method: median}", output="out/single.zarr",
                         bands='{ndvi: "(nir - red) / (nir + red)", nir_ref: "nir"}')
@@ -114,3 +122,33 @@ def test_time_chunked_with_a_list_is_refused_with_the_fix(sample):
         load_spec_text(spec_text(sample, reduce="[{method: mean}, {method: count}]",
                                  chunks="{time: 2, y: 96, x: 96}"))
     assert "chunks.time: -1" in str(caught.value)
+
+
+def test_several_statistics_per_month_with_solar_day_passes_to_tiles(two_tile_sample, tmp_path):
+    """The combination: a list of statistics, a period, group_by: solar_day (each pass's two tiles mosaicked
+    first) and a tiled COG output; every statistic of every month against NumPy over the mosaicked passes."""
+    from conftest import spec_text
+    from test_run_e2e import _mosaic_reference
+
+    sample = two_tile_sample
+    spec = tmp_path / "s.yaml"
+    spec.write_text(spec_text(sample, output="out/t.tif", group_by="solar_day",
+                              reduce="[{method: median, period: month}, {method: count}]",
+                              chunks="{time: -1, y: 64, x: 64}") + "")
+    text = spec.read_text().replace("output: {path: out/t.tif}", "output: {path: out/t.tif, tiling: {size: 128}}")
+    spec.write_text(text)
+    code, output = _run(spec)
+    assert code == 0, output
+    expected, dates = _mosaic_reference(sample)
+    labels = np.array([d[:7] for d in dates])
+    import rioxarray  # noqa: F401
+
+    for month in sorted(set(labels)):
+        vrt = tmp_path / "out" / f"t_{month}.vrt"
+        with rasterio.open(vrt) as src:
+            assert src.descriptions == ("ndvi_median", "ndvi_count")
+            median, count = src.read(1), src.read(2)
+        series = expected[labels == month]
+        np.testing.assert_array_equal(count, (~np.isnan(series)).sum(axis=0))
+        assert_same(median, reduce_reference(series, "median"))
+    assert len(set(labels)) >= 2
