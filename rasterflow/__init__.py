@@ -7,7 +7,7 @@ subclasses; ``run`` returns a :class:`RunResult`.
 
 __version__ = "0.1.0"
 
-from rasterflow.api import load_spec, plan, run  # noqa: E402
+from rasterflow.api import load_spec, open, plan, run  # noqa: E402,A004
 from rasterflow.errors import (  # noqa: E402
     BudgetExceededError,
     CatalogError,
@@ -28,6 +28,7 @@ from rasterflow.errors import (  # noqa: E402
 __all__ = [
     "__version__",
     "load_spec",
+    "open",
     "plan",
     "run",
     "RunResult",

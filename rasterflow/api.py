@@ -12,6 +12,7 @@ Light to import: the pixel libraries load inside :func:`run`.
 >>> job = rasterflow.plan(loaded)                                                      # doctest: +SKIP
 >>> result = rasterflow.run(loaded)                                                    # doctest: +SKIP
 >>> result.status, result.outputs, result.report_path                                  # doctest: +SKIP
+>>> ds = rasterflow.open(loaded)            # the same job as a lazy xarray Dataset       # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rasterflow.commands import RunResult
     from rasterflow.spec.loader import LoadedSpec
 
-__all__ = ["load_spec", "plan", "run"]
+__all__ = ["load_spec", "plan", "run", "open"]
 
 
 DICT_SPEC_NAME = "<spec dict>"
@@ -181,3 +182,48 @@ def run(spec: Any, *, variables: Mapping[str, str] | None = None, overwrite: boo
             pass
         raise err
     return result
+
+
+def open(spec: Any, *, variables: Mapping[str, str] | None = None,  # noqa: A001 - rasterflow.open, as xr.open_*
+         now: dt.datetime | None = None) -> Any:
+    """The planned job as a lazy :class:`xarray.Dataset` backed by Dask: nothing is read until it is computed.
+
+    The same plan, read path and tasks as :func:`run` (each chunk's task reads its items with the run's read
+    policy), the same variables, coordinates and attributes as the written output. Select first, then compute:
+    ``ds.isel(time=0).compute()`` or ``ds.sel(x=slice(...), y=slice(...)).compute()`` runs only the chunks
+    needed, with Dask's current scheduler (threads by default, or a ``distributed.Client`` you started).
+
+    Parameters
+    ----------
+    spec : path, mapping, Spec or LoadedSpec
+        As :func:`load_spec` takes it.
+    variables : mapping, optional
+        ``${VAR}`` values.
+    now : datetime, optional
+        The time a relative window ends at (default: now).
+
+    Returns
+    -------
+    xarray.Dataset
+
+    Raises
+    ------
+    SpecError, CatalogError, NoItemsFoundError
+        As :func:`plan`. A plan the budget refuses is still opened (a selection may well fit), with a
+        ``ResourceWarning`` that says so.
+    """
+    import warnings
+
+    from rasterflow import graph
+    from rasterflow.budget import verdict_line
+    from rasterflow.commands import output_options, plan_command
+
+    job = plan_command(_loaded(spec, variables), now=now).plan
+    if not job.report.ok:
+        warnings.warn(f"the budget check refuses the whole job ({verdict_line(job.report)}); computing all of it at once "
+                      "may run out of memory: select a part first", ResourceWarning, stacklevel=2)
+    dataset = graph.build_dataset(job)
+    _description, _encoding, options = output_options(job, job.output.path)
+    dataset.attrs.update(options["metadata"])
+    return dataset
+

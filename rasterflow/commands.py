@@ -680,7 +680,7 @@ def _execute(plan: JobPlan, output: Any, job_id: str, report: Any, timer: Any, *
         raise ValueError("a run needs a plan made with the searched items")
     if plan.layout.processes:  # one process (cluster.processes) spawns no worker: no tracker to start either
         start_resource_tracker_deaf_to_hangups()
-    description, encoding, options = _output_options(plan, output.path)
+    description, encoding, options = output_options(plan, output.path)
     context = WriteContext(description, encoding, options, library_versions())
     with ExitStack() as stack:
         with timer("cluster start"), worker_log_env(log_path):
@@ -717,7 +717,7 @@ def _execute(plan: JobPlan, output: Any, job_id: str, report: Any, timer: Any, *
     return result
 
 
-def _output_options(plan: JobPlan, output_path: str) -> tuple[Any, Any, dict]:
+def output_options(plan: JobPlan, output_path: str) -> tuple[Any, Any, dict]:
     """Issue 12: the run's description, the resolved encoding and the writer options of the plan's output."""
     from rasterflow.spec.timeparse import parse_datetime_window
     from rasterflow.write.common import Encoding
