@@ -149,6 +149,51 @@ def plan_periods(spec: Any, times: Sequence[str]) -> tuple[tuple[str, ...], tupl
             tuple((naive(p.start), naive(p.end)) for p in periods))
 
 
+#: Resampling methods that make values no source pixel has (a class 7 between classes 3 and 10).
+INTERPOLATING = ("bilinear", "cubic", "cubic_spline", "lanczos", "average", "q1", "q3", "med")
+
+
+def _declares_classes(items: Sequence[dict], key: str) -> bool:
+    """The asset declares classification:classes (on the asset or its raster:bands / bands), in the first item that
+    has it."""
+    for item in items:
+        asset = (item.get("assets") or {}).get(key)
+        if not isinstance(asset, Mapping):
+            continue
+        entries = [asset, *(asset.get("raster:bands") or []), *(asset.get("bands") or [])]
+        return any(isinstance(e, Mapping) and e.get("classification:classes") for e in entries)
+    return False
+
+
+def with_resampling(sources: SourceTable, spec: Any, items: Sequence[dict], mask_names: Any) -> SourceTable:
+    """Each asset's resampling onto the grid: ``source.overrides.<asset>.resampling``; else ``nearest`` for a
+    categorical asset (the mask reads it, or it declares ``classification:classes``), whatever
+    ``grid.resampling`` says; else ``grid.resampling``. An interpolating method forced on a categorical asset is
+    warned about, naming the asset."""
+    from dataclasses import replace
+
+    assets, warnings = [], list(sources.warnings)
+    for asset in sources.assets:
+        override = spec.source.overrides.get(asset.name)
+        forced = override.resampling if override is not None else None
+        categorical = asset.name in mask_names or _declares_classes(items, asset.key)
+        why = "the mask reads it" if asset.name in mask_names else "it declares classification:classes"
+        if forced is not None:
+            method, note = forced, f"resampling {forced} (source.overrides)"
+            if categorical and forced in INTERPOLATING:
+                warnings.append(f"asset {asset.name!r} is categorical ({why}) but source.overrides.{asset.name}."
+                                f"resampling is {forced}: warped pixels will hold values that are no class "
+                                f"(e.g. between two class numbers); use nearest or mode")
+        elif categorical:
+            method = "nearest"
+            note = f"resampling nearest (categorical: {why})" + (
+                f", not grid.resampling {spec.grid.resampling}" if spec.grid.resampling != "nearest" else "")
+        else:
+            method, note = spec.grid.resampling, f"resampling {spec.grid.resampling} (grid.resampling)"
+        assets.append(replace(asset, resampling=method, applied=asset.applied + (note,)))
+    return replace(sources, assets=tuple(assets), warnings=tuple(warnings))
+
+
 def composite_of(spec: Any) -> Composite | None:
     """A geomedian's or best-pixel composite's plan (None for any other reduction)."""
     reduce = spec.reduce if not isinstance(spec.reduce, list) else None
@@ -760,6 +805,7 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
             sources = resolve_sources(items, {a: spec.source.assets[a] for a in shape.assets_loaded}, grid,
                                       overrides=spec.source.overrides, working_dtype=spec.grid.dtype,
                                       headers=headers)
+        sources = with_resampling(sources, spec, items, shape.mask.names if shape.mask is not None else set())
         # the widest loaded asset sizes the block (conservative for mixed uint8 / uint16 assets)
         load_dtype = max((a.load_dtype for a in sources.assets), key=lambda d: np.dtype(d).itemsize, default=None)
     inputs = budget_inputs(spec, grid, layout, None if items is None else len(items), source_tile, load_dtype,

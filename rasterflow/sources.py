@@ -95,6 +95,8 @@ class AssetSource:
     """``int`` or ``float``: what the mask sees of this asset."""
     applied: tuple[str, ...]
     """What was applied, for ``plan``: ``"uint16, nodata 0, scale 0.0001, offset -0.1 (raster:bands): 12 items"``."""
+    resampling: str = "nearest"
+    """How its files are resampled onto the grid where they are warped (:func:`asset_resampling`)."""
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,7 @@ def _read_into(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], plane
                     if read.nodata is None and file_nodata is not None:
                         nodata[t, a] = file_nodata
                     continue
-                read_asset(read, job.grid, job.resampling, fill, rows, cols, raw[a][t], plane_covered,
+                read_asset(read, job.grid, job.assets[a].resampling, fill, rows, cols, raw[a][t], plane_covered,
                            policy=policy)
                 if read.nodata is None:
                     # the item declares none: the file's own nodata holds (where a warp ran, it is NaN

@@ -168,6 +168,11 @@ class AssetOverride(_Model):
         default=False, description="Ignore the catalog's scale, offset, nodata and data type for this asset: "
         "raw values as stored (then the fields above, where given)."
     )
+    resampling: Literal[RESAMPLING_METHODS] | None = Field(  # type: ignore[valid-type]
+        default=None, description="How this asset is resampled onto the grid, instead of grid.resampling. Default: "
+        "nearest for a categorical asset (one the mask reads, or that declares classification:classes), so SCL's "
+        "classes are never interpolated; grid.resampling for the others."
+    )
 
 
 class SourceRetry(_Model):
