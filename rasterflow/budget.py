@@ -381,6 +381,9 @@ class PipelineShape:
     (:mod:`rasterflow.write.cogtiles`)."""
     compression: str = "zstd"
     """``output.compression``."""
+    halo: int = 0
+    """Pixels read around each task's window for ``mask_cleanup`` (:attr:`rasterflow.kernels.Program.halo`): the
+    task's planes and series are counted at the grown size."""
     statistics: int = 0
     """Statistics of a list ``reduce`` (each band's variables: one per statistic, in one COG file per period);
     0 for a single ``reduce``."""
@@ -439,6 +442,7 @@ def pipeline_shape(spec: Any) -> PipelineShape:
         cog_resampling=spec.output.cog.overview_resampling,
         compression=spec.output.compression,
         statistics=len(spec.statistics),
+        halo=sum((2 if op in ("opening", "closing") else 1) * r for op, r in spec.cleanup_steps),
     )
 
 
@@ -773,7 +777,8 @@ def task_shapes(shape: PipelineShape, inputs: BudgetInputs) -> tuple[TaskShape, 
     else:
         most = inputs.n_time if depth is None else depth.items
         times = [(min(size, most), size, n) for size, n in _sizes(inputs.n_time, inputs.time_per_chunk)]
-    out = [TaskShape(rows, cols, items, dates, ny * nx * nt)
+    grow = 2 * shape.halo  # mask_cleanup reads a halo around every window (counted for the whole task)
+    out = [TaskShape(rows + grow, cols + grow, items, dates, ny * nx * nt)
            for rows, ny in _sizes(height, cy) for cols, nx in _sizes(width, cx) for items, dates, nt in times]
     return tuple(sorted(out, key=lambda t: (t.pixels * t.items, t.pixels), reverse=True))
 

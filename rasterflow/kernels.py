@@ -58,6 +58,9 @@ class Program:
     steps: tuple[tuple[int, ...], ...] = ()
     """Item indices that make up each output date (``source.group_by: solar_day``: the tiles of one pass, mosaicked
     per pixel after masking); empty = every item is its own date."""
+    mask_cleanup: tuple[tuple[str, int], ...] = ()
+    """Morphology applied in order to each date's mask (``(operation, disk radius)``); tasks read a halo of
+    :attr:`halo` pixels around their window for it (:func:`rasterflow.tasks.cleaned_stream`)."""
     composite: Composite | None = None
     """A geomedian or best-pixel composite: one result slot per output variable, a band axis of one."""
     statistics: tuple[tuple[str, str, float | None], ...] = ()
@@ -97,6 +100,13 @@ class Program:
         return len(self.statistics) or max(1, len(self.quantiles))
 
     @property
+    def halo(self) -> int:
+        """Pixels around a window the mask cleanup looks at: the reach of its steps (an opening or a closing is
+        two passes of its radius, a dilation or an erosion one), so the cleaned mask inside the window does not
+        depend on where the window ends."""
+        return sum((2 if op in ("opening", "closing") else 1) * radius for op, radius in self.mask_cleanup)
+
+    @property
     def n_result_bands(self) -> int:
         """The band axis of a fused task's result: 1 for a composite, else every band."""
         return 1 if self.composite is not None else len(self.bands)
@@ -121,6 +131,9 @@ class Planes:
     """``(t, asset)`` scale per item."""
     offset: np.ndarray
     """``(t, asset)`` offset per item."""
+    drop: np.ndarray | None = None
+    """``(t, y, x)`` boolean: the mask already evaluated and cleaned (``mask_cleanup``, over a halo the planes no
+    longer hold); None = evaluate ``program.mask`` on the raw values."""
 
     @property
     def n_items(self) -> int:
@@ -134,7 +147,8 @@ class Planes:
         """Item ``t`` alone, as one-item planes (views, no copy)."""
         return Planes(raw=tuple(r[t:t + 1] for r in self.raw),
                       covered=tuple(None if c is None else c[t:t + 1] for c in self.covered),
-                      nodata=self.nodata[t:t + 1], scale=self.scale[t:t + 1], offset=self.offset[t:t + 1])
+                      nodata=self.nodata[t:t + 1], scale=self.scale[t:t + 1], offset=self.offset[t:t + 1],
+                      drop=None if self.drop is None else self.drop[t:t + 1])
 
     def stream(self) -> ItemStream:
         """These planes as an :class:`ItemStream` (what the kernels consume)."""
@@ -202,6 +216,8 @@ def _drop_addend(planes: Planes, t: int, program: Program,
     mask = program.mask
     if mask is None:
         return None
+    if planes.drop is not None:
+        return lookup.nan_addend(planes.drop[t], dtype)
     if len(mask.names) == 1:
         (name,) = mask.names
         raw = planes.raw[program.assets.index(name)][t]
@@ -210,6 +226,33 @@ def _drop_addend(planes: Planes, t: int, program: Program,
             return table, raw
     raw_env = {name: planes.raw[a][t] for a, name in enumerate(program.assets)}
     return lookup.nan_addend(np.asarray(np.asarray(mask.evaluate(raw_env)) != 0), dtype)  # true or nonzero = drop
+
+
+def drop_plane(planes: Planes, t: int, program: Program) -> np.ndarray:
+    """Item ``t``'s mask evaluated on the raw values, as a boolean ``(y, x)`` plane (true = drop)."""
+    assert program.mask is not None
+    raw_env = {name: planes.raw[a][t] for a, name in enumerate(program.assets)}
+    return np.asarray(np.asarray(program.mask.evaluate(raw_env)) != 0)
+
+
+def disk(radius: int) -> np.ndarray:
+    """A disk-shaped structuring element of ``radius`` pixels: ``x² + y² <= r²`` (scikit-image's ``disk``)."""
+    offsets = np.arange(-radius, radius + 1)
+    return (offsets[:, None] ** 2 + offsets[None, :] ** 2) <= radius * radius
+
+
+def clean_mask(mask: np.ndarray, steps: Sequence[tuple[str, int]]) -> np.ndarray:
+    """``mask_cleanup``: each ``(operation, radius)`` in order with scipy.ndimage's binary morphology and a
+    :func:`disk` (odc-algo's ``mask_cleanup`` with ``binary_opening``/``binary_dilation``...). Outside the array
+    counts as not masked (scipy's default border)."""
+    from scipy import ndimage
+
+    operations = {"opening": ndimage.binary_opening, "closing": ndimage.binary_closing,
+                  "dilation": ndimage.binary_dilation, "erosion": ndimage.binary_erosion}
+    out = mask
+    for operation, radius in steps:
+        out = operations[operation](out, structure=disk(radius))
+    return np.asarray(out, dtype=bool)
 
 
 def working_assets(program: Program) -> tuple[str, ...]:

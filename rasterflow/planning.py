@@ -850,6 +850,7 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
             dtype=spec.grid.dtype, reduce_method=reduce_method(spec),
             quantiles=spec.reduce.quantiles if spec.reduce is not None and not spec.statistics else (),
             groups=groups, steps=steps, statistics=spec.statistics, composite=composite_of(spec),
+            mask_cleanup=spec.cleanup_steps,
         )
     return JobPlan(
         grid=grid, layout=layout, shape=shape, report=report, items=tuple(items or ()), sources=sources,

@@ -54,10 +54,49 @@ def chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], pro
     chunk's (memory does not grow with the dates)."""
     try:
         policy = job.read_policy()
-        with gdal_env(policy), task_reads(job.reads, job.grid, list(_sub_blocks(rows, cols, block)), policy):
+        windows = _read_windows(job, list(_sub_blocks(rows, cols, block)), program)
+        with gdal_env(policy), task_reads(job.reads, job.grid, windows, policy):
             return _chunk_reduce(job, rows, cols, program, view, block)
     finally:
         release_free_memory()  # what the task freed goes back now, not when the heap's top happens to be free
+
+
+def _halo(window: tuple[tuple[int, int], tuple[int, int]], halo: int,
+          shape: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``window`` grown by ``halo`` pixels on every side, within the grid."""
+    (r0, r1), (c0, c1) = window
+    return (max(0, r0 - halo), min(shape[0], r1 + halo)), (max(0, c0 - halo), min(shape[1], c1 + halo))
+
+
+def _read_windows(job: ReadJob, windows: list[tuple[tuple[int, int], tuple[int, int]]],
+                  program: kernels.Program) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """What a task reads for its windows: each with the mask cleanup's halo."""
+    if not program.halo:
+        return windows
+    return [_halo(w, program.halo, job.grid.shape) for w in windows]
+
+
+def cleaned_stream(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int],
+                   program: kernels.Program) -> kernels.ItemStream:
+    """The items of window ``rows`` x ``cols`` for the kernels, with ``mask_cleanup`` applied: each item is read
+    with a halo, its mask evaluated and cleaned there (:func:`rasterflow.kernels.clean_mask`), then the planes and
+    the cleaned mask cut to the window. Without a cleanup, the plain :func:`~rasterflow.read.item_stream`."""
+    if not program.mask_cleanup or program.mask is None:
+        return item_stream(job, rows, cols)
+    (r0, r1), (c0, c1) = grown = _halo((rows, cols), program.halo, job.grid.shape)
+    inner = item_stream(job, *grown)
+    cut = (slice(rows[0] - r0, rows[1] - r0), slice(cols[0] - c0, cols[1] - c0))
+
+    def read(t: int) -> kernels.Planes:
+        planes = inner.read(t)
+        drop = kernels.clean_mask(kernels.drop_plane(planes, 0, program), program.mask_cleanup)
+        return kernels.Planes(raw=tuple(r[(slice(None), *cut)] for r in planes.raw),
+                              covered=tuple(None if c is None else c[(slice(None), *cut)] for c in planes.covered),
+                              nodata=planes.nodata, scale=planes.scale, offset=planes.offset,
+                              drop=drop[cut][None])
+
+    return kernels.ItemStream(n_items=inner.n_items, spatial_shape=(rows[1] - rows[0], cols[1] - cols[0]),
+                              read=read)
 
 
 def _sub_blocks(rows: tuple[int, int], cols: tuple[int, int],
@@ -74,11 +113,11 @@ def _chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], pr
                   view: kernels.TaskItems | None, block: tuple[int, int]) -> np.ndarray:
     windows = list(_sub_blocks(rows, cols, block))
     if len(windows) == 1:
-        return kernels.reduce_block(item_stream(job, rows, cols), program, view)
+        return kernels.reduce_block(cleaned_stream(job, rows, cols, program), program, view)
     height, width = rows[1] - rows[0], cols[1] - cols[0]
     out: np.ndarray | None = None
     for sub_rows, sub_cols in windows:
-        part = kernels.reduce_block(item_stream(job, sub_rows, sub_cols), program, view)
+        part = kernels.reduce_block(cleaned_stream(job, sub_rows, sub_cols, program), program, view)
         if out is None:
             out = np.empty((*part.shape[:-2], height, width), dtype=part.dtype)
         out[..., sub_rows[0] - rows[0]:sub_rows[1] - rows[0], sub_cols[0] - cols[0]:sub_cols[1] - cols[0]] = part
@@ -93,8 +132,8 @@ def chunk_bands(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], prog
                 view: kernels.TaskItems | None = None) -> np.ndarray:
     """Read a time slice of one chunk (the items of ``view``) and evaluate the bands -> ``(date, band, y, x)``."""
     policy = job.read_policy()
-    with gdal_env(policy), task_reads(job.reads, job.grid, [(rows, cols)], policy):
-        return kernels.band_block(item_stream(job, rows, cols), program, view)
+    with gdal_env(policy), task_reads(job.reads, job.grid, _read_windows(job, [(rows, cols)], program), policy):
+        return kernels.band_block(cleaned_stream(job, rows, cols, program), program, view)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -716,6 +716,37 @@ class Budget(_Model):
     on_exceed: Literal["error", "warn"] = Field(default="error", description="error = refuse; warn = run anyway.")
 
 
+class MaskStep(_Model):
+    """One morphological step of ``mask_cleanup``: exactly one of the operations, with a disk radius in pixels."""
+
+    opening: Annotated[StrictInt, Field(gt=0)] | None = Field(
+        default=None, description="Radius of an opening (erosion then dilation): removes specks of the mask "
+        "smaller than the disk.")
+    closing: Annotated[StrictInt, Field(gt=0)] | None = Field(
+        default=None, description="Radius of a closing (dilation then erosion): fills holes smaller than the disk.")
+    dilation: Annotated[StrictInt, Field(gt=0)] | None = Field(
+        default=None, description="Radius of a dilation: grows the mask (cloud edges, shadows) by the disk.")
+    erosion: Annotated[StrictInt, Field(gt=0)] | None = Field(
+        default=None, description="Radius of an erosion: shrinks the mask by the disk.")
+
+    @model_validator(mode="after")
+    def _one(self) -> MaskStep:
+        given = [k for k in ("opening", "closing", "dilation", "erosion") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("each step is one of opening, closing, dilation or erosion with a radius, e.g. "
+                             "{opening: 2}" + (f" (got {', '.join(given)})" if given else ""))
+        return self
+
+    @property
+    def operation(self) -> tuple[str, int]:
+        """``(operation, radius)``."""
+        for key in ("opening", "closing", "dilation", "erosion"):
+            value = getattr(self, key)
+            if value is not None:
+                return key, int(value)
+        raise AssertionError("validated: one operation")
+
+
 class Spec(_Model):
     """A rasterflow pipeline spec, version 1."""
 
@@ -734,6 +765,13 @@ class Spec(_Model):
     chunks: Chunks = Field(default_factory=Chunks, description="Dask chunk layout; -1 = whole axis.")
     mask: StrictStr | None = Field(
         default=None, description="Boolean expression over assets; true = drop the pixel (set it to NaN)."
+    )
+    mask_cleanup: list[MaskStep] | None = Field(
+        default=None,
+        description="Morphology applied in order to each date's mask before it drops pixels, with disk-shaped "
+        "structuring elements of the given radius in pixels (as odc-algo's mask_cleanup; Sentinel-2: "
+        "[{opening: 2}, {dilation: 5}] removes speckle and grows cloud edges). Each chunk is read with a halo of the "
+        "radii's sum, so the result does not depend on the chunk layout.",
     )
     bands: dict[StrictStr, StrictStr] = Field(
         description="Named expressions, evaluated in order; later ones may use earlier ones.", min_length=1
@@ -811,6 +849,9 @@ class Spec(_Model):
                                         f"{size} is not a multiple of chunks.{axis} ({chunk}), so tiles would cut "
                                         f"chunks; use a multiple of {chunk} such as {max(chunk, size - size % chunk)} "
                                         f"or {size - size % chunk + chunk}, or change chunks.{axis}")
+        if self.mask_cleanup is not None and self.mask is None:
+            raise _LocatedError(("mask_cleanup",), "mask_cleanup cleans the mask, but the spec has none; add mask "
+                                                   "(e.g. mask: \"scl in (3, 8, 9, 10)\") or remove mask_cleanup")
         if isinstance(self.reduce, list):
             _check_statistics(self.reduce, self.chunks.time)
         elif self.reduce is not None and self.reduce.method in COMPOSITE_METHODS:
@@ -829,6 +870,11 @@ class Spec(_Model):
         if self.reduce is None:
             return ()
         return tuple(self.reduce) if isinstance(self.reduce, list) else (self.reduce,)
+
+    @property
+    def cleanup_steps(self) -> tuple[tuple[str, int], ...]:
+        """``mask_cleanup`` as ``(operation, radius)`` pairs, in order."""
+        return tuple(step.operation for step in self.mask_cleanup or ())
 
     @property
     def program_bands(self) -> dict[str, str]:
