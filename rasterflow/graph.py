@@ -96,6 +96,8 @@ class _ChunkTasks:
             return (self.function, read_jobs(self.plan, slice(t0, t1), rows, cols), rows, cols, self.program, None,
                     *self.extra)
         local = self.index.items_of(i, j)
+        if (i, j) in self.plan.outside_chunks:  # outside source.stac.intersects: read nothing, nodata
+            local = local[:0]
         if t0 > 0 or t1 < self.n_items:
             local = local[np.searchsorted(local, t0):np.searchsorted(local, t1)]
         items = local.tolist()

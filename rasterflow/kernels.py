@@ -61,6 +61,9 @@ class Program:
     mask_cleanup: tuple[tuple[str, int], ...] = ()
     """Morphology applied in order to each date's mask (``(operation, disk radius)``); tasks read a halo of
     :attr:`halo` pixels around their window for it (:func:`rasterflow.tasks.cleaned_stream`)."""
+    aoi: str = ""
+    """The area of interest in the grid's CRS (GeoJSON text; ``source.stac.intersects``): results are nodata outside
+    it; empty = no clipping."""
     composite: Composite | None = None
     """A geomedian or best-pixel composite: one result slot per output variable, a band axis of one."""
     statistics: tuple[tuple[str, str, float | None], ...] = ()

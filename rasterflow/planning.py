@@ -9,6 +9,7 @@ read policy, the output and the cluster): nothing after :func:`make_plan` reads 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -104,6 +105,9 @@ class OutputPlan:
     """The mask expression's text."""
     catalog: str = ""
     """``source.stac.catalog`` (a local path made absolute against the spec's folder by the caller)."""
+    aoi: str = ""
+    """``source.stac.intersects`` as WGS84 GeoJSON text (the STAC Items' geometry is the footprint within it);
+    empty without one."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,34 @@ def with_resampling(sources: SourceTable, spec: Any, items: Sequence[dict], mask
     return replace(sources, assets=tuple(assets), warnings=tuple(warnings))
 
 
+def plan_aoi(geometry: Mapping[str, Any], grid: GridPlan,
+             chunk_yx: tuple[int, int]) -> tuple[str, frozenset[tuple[int, int]]]:
+    """The area of interest in the grid's CRS (GeoJSON text, for the tasks to clip with) and the chunks entirely
+    outside it (shapely's vectorised intersects over every chunk's box)."""
+    import json
+
+    import numpy as np
+    import shapely
+
+    from rasterflow.aoi import project
+
+    projected = project(geometry, grid.crs)
+    area = shapely.geometry.shape(projected)
+    shapely.prepare(area)
+    height, width = grid.shape
+    cy, cx = chunk_yx
+    minx, _, _, maxy = grid.bounds
+    res = grid.resolution
+    rows = np.arange(0, height, cy)
+    cols = np.arange(0, width, cx)
+    top, left = np.meshgrid(rows, cols, indexing="ij")
+    boxes = shapely.box(minx + left * res, maxy - np.minimum(top + cy, height) * res,
+                        minx + np.minimum(left + cx, width) * res, maxy - top * res)
+    meets = shapely.intersects(area, boxes)
+    outside = frozenset((int(i), int(j)) for i, j in zip(*np.nonzero(~meets)))
+    return json.dumps(projected), outside
+
+
 def composite_of(spec: Any) -> Composite | None:
     """A geomedian's or best-pixel composite's plan (None for any other reduction)."""
     reduce = spec.reduce if not isinstance(spec.reduce, list) else None
@@ -229,7 +261,8 @@ def output_plan(spec: Any) -> OutputPlan:
         cog_overview_resampling=out.cog.overview_resampling, cog_predictor=out.cog.predictor,
         tiling_size=None if out.tiling is None else int(out.tiling.size),
         datetime=str(spec.source.stac.datetime), period=spec.reduce_period,
-        mask=spec.mask, catalog=str(spec.source.stac.catalog))
+        mask=spec.mask, catalog=str(spec.source.stac.catalog),
+        aoi=json.dumps(spec.source.stac.intersects) if isinstance(spec.source.stac.intersects, dict) else "")
 
 
 def cluster_plan(spec: Any) -> ClusterPlan:
@@ -646,6 +679,9 @@ class JobPlan:
     times: tuple[str, ...] = ()
     """The output dates (ISO 8601, UTC, no zone): one per item, or one per pass with ``group_by: solar_day``."""
     period_labels: tuple[str, ...] = ()
+    outside_chunks: frozenset[tuple[int, int]] = frozenset()
+    """``(chunk row, chunk column)`` of the chunks entirely outside ``source.stac.intersects``: their tasks read
+    nothing (their blocks are nodata)."""
     period_bounds: tuple[tuple[str, str], ...] = ()
     """Per period, ``(start, end)`` as ISO 8601 UTC without a zone, the end exclusive: every period of the window,
     those without an item too (:func:`rasterflow.periods.window_periods`)."""
@@ -707,7 +743,7 @@ def resolve_grid(spec: Any) -> GridPlan:
         from pyproj import Transformer
 
         transformer = Transformer.from_crs("EPSG:4326", spec.grid.crs, always_xy=True)
-        west, south, east, north = (float(v) for v in spec.source.stac.bbox)
+        west, south, east, north = spec.source.stac.search_bbox
         minx, miny, maxx, maxy = transformer.transform_bounds(west, south, east, north, densify_pts=21)
         minx = math.floor(minx / resolution) * resolution
         miny = math.floor(miny / resolution) * resolution
@@ -840,6 +876,9 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
     labels: tuple[str, ...] = ()
     bounds: tuple[tuple[str, str], ...] = ()
     program = None
+    aoi_text, outside = "", frozenset[tuple[int, int]]()
+    if isinstance(spec.source.stac.intersects, dict):
+        aoi_text, outside = plan_aoi(spec.source.stac.intersects, grid, inputs.chunk_yx)
     if items is not None:
         times, steps = dates
         groups: tuple[tuple[int, ...], ...] = ()
@@ -850,11 +889,11 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
             dtype=spec.grid.dtype, reduce_method=reduce_method(spec),
             quantiles=spec.reduce.quantiles if spec.reduce is not None and not spec.statistics else (),
             groups=groups, steps=steps, statistics=spec.statistics, composite=composite_of(spec),
-            mask_cleanup=spec.cleanup_steps,
+            mask_cleanup=spec.cleanup_steps, aoi=aoi_text,
         )
     return JobPlan(
         grid=grid, layout=layout, shape=shape, report=report, items=tuple(items or ()), sources=sources,
-        program=program, times=times, period_labels=labels, period_bounds=bounds,
+        program=program, times=times, period_labels=labels, period_bounds=bounds, outside_chunks=outside,
         quantile_dim=len(spec.reductions) == 1 and isinstance(spec.reductions[0].q, list), name=spec.name,
         resampling=spec.grid.resampling, expressions=tuple(spec.bands.items()),
         cost=None if sources is None else job_cost(sources, grid, report, layout, index, remote,

@@ -56,9 +56,27 @@ def chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], pro
         policy = job.read_policy()
         windows = _read_windows(job, list(_sub_blocks(rows, cols, block)), program)
         with gdal_env(policy), task_reads(job.reads, job.grid, windows, policy):
-            return _chunk_reduce(job, rows, cols, program, view, block)
+            return clip(_chunk_reduce(job, rows, cols, program, view, block), job, rows, cols, program)
     finally:
         release_free_memory()  # what the task freed goes back now, not when the heap's top happens to be free
+
+
+def clip(result: np.ndarray, job: ReadJob, rows: tuple[int, int], cols: tuple[int, int],
+         program: kernels.Program) -> np.ndarray:
+    """``result`` (``(..., y, x)`` of the window) with nodata (NaN) where a pixel's centre lies outside the area of
+    interest (``program.aoi``); as it is without one."""
+    if not program.aoi:
+        return result
+    import json
+
+    from rasterflow.aoi import outside
+
+    a, b, c, d, e, f = job.grid.transform
+    window = (a, b, c + cols[0] * a, d, e, f + rows[0] * e)
+    out = outside(json.loads(program.aoi), window, (rows[1] - rows[0], cols[1] - cols[0]))
+    if out.any():
+        result[..., out] = np.nan
+    return result
 
 
 def _halo(window: tuple[tuple[int, int], tuple[int, int]], halo: int,
@@ -133,7 +151,8 @@ def chunk_bands(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], prog
     """Read a time slice of one chunk (the items of ``view``) and evaluate the bands -> ``(date, band, y, x)``."""
     policy = job.read_policy()
     with gdal_env(policy), task_reads(job.reads, job.grid, _read_windows(job, [(rows, cols)], program), policy):
-        return kernels.band_block(cleaned_stream(job, rows, cols, program), program, view)
+        return clip(kernels.band_block(cleaned_stream(job, rows, cols, program), program, view), job, rows, cols,
+                    program)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -142,6 +142,7 @@ def _search_api(
         "method": "POST",
         "collections": list(q.collections) or None,
         "bbox": list(q.bbox) if q.bbox is not None else None,
+        "intersects": dict(q.intersects) if q.intersects is not None else None,
         "datetime": _interval_text(interval),
         "query": query,
         "filter": filter_json,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -134,6 +134,11 @@ def _filter_local(
     if q.query:
         _check_query(q.query)
     expr = _parse_filter(q.filter) if q.filter is not None else None
+    area = None
+    if q.intersects is not None:
+        from shapely.geometry import shape
+
+        area = shape(q.intersects)
     out = []
     for item in items:
         if collections and item.get("collection") not in collections:
@@ -142,6 +147,8 @@ def _filter_local(
             ib = _item_bbox(item)
             if ib is None or not _bbox_intersects(ib, q.bbox):
                 continue
+        if area is not None and not _meets(item, area):
+            continue
         if interval is not None:
             start, end = item_datetime_range(item)
             if start is None or end is None:
@@ -154,4 +161,19 @@ def _filter_local(
             continue
         out.append(item)
     return out
+
+
+def _meets(item: Mapping[str, Any], area: Any) -> bool:
+    """An item's footprint (its geometry, else its bbox) meets the area of interest (a shapely geometry), as a STAC
+    API's ``intersects`` decides."""
+    from shapely.geometry import box, shape
+
+    geometry = item.get("geometry")
+    if isinstance(geometry, Mapping) and geometry.get("type"):
+        try:
+            return bool(shape(geometry).intersects(area))
+        except Exception:  # a malformed footprint: judged by its bbox
+            pass
+    bbox = _item_bbox(item)
+    return bbox is not None and bool(box(*bbox).intersects(area))
 

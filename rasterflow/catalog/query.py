@@ -49,6 +49,8 @@ class StacQuery:
     """Collection ids; empty means any collection."""
     bbox: tuple[float, float, float, float] | None = None
     """WGS84 ``(west, south, east, north)``; ``None`` means anywhere."""
+    intersects: Mapping[str, Any] | None = None
+    """A WGS84 GeoJSON Polygon / MultiPolygon the items' footprints must meet (instead of ``bbox``)."""
     datetime: str | None = None
     """ISO 8601 interval (``2024-06-01/2024-08-31``, open ends ``..``) or a relative window ending now (``P30D``)."""
     query: Mapping[str, Any] | None = None

@@ -73,10 +73,10 @@ def grid_problems(spec: Any) -> list[tuple[tuple[str, ...], str]]:
         import rasterio
         from rasterio.warp import transform_bounds
 
-        where = ("source", "stac", "bbox")
+        where = ("source", "stac", "bbox" if spec.source.stac.bbox is not None else "intersects")
         try:
             with rasterio.Env():
-                minx, miny, maxx, maxy = transform_bounds("EPSG:4326", crs, *(float(v) for v in spec.source.stac.bbox),
+                minx, miny, maxx, maxy = transform_bounds("EPSG:4326", crs, *spec.source.stac.search_bbox,
                                                           densify_pts=21)
         except Exception as err:  # GDAL's CPLE errors: the bbox is outside the CRS's area
             return [(where, f"cannot project the bbox into {code}: {err}; check the bbox (west, south, east, "

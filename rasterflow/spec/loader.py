@@ -174,6 +174,7 @@ def load_spec_text(text: str, *, path: str | os.PathLike = "<spec>", sha256: str
         issues.sort(key=lambda i: (i.line or 0, i.column or 0))
         raise SpecError(issues) from None
     _check_output_placeholders(spec, loaded, shown)
+    spec = _read_intersects(spec, loaded, shown, path.parent)
     from rasterflow.spec.gridcheck import grid_problems
 
     grid_issues = [_issue(shown, loaded, loc, message) for loc, message in grid_problems(spec)]
@@ -186,6 +187,28 @@ def load_spec_text(text: str, *, path: str | os.PathLike = "<spec>", sha256: str
     if loaded.variables_used:  # the same file with other values is another spec: another fingerprint
         sha256 = hashlib.sha256((sha256 + json.dumps(loaded.variables_used, sort_keys=True)).encode()).hexdigest()
     return LoadedSpec(path=path, spec=spec, sha256=sha256, positions=loaded, variables=dict(loaded.variables_used))
+
+
+def _read_intersects(spec: models.Spec, loaded: LoadedYaml, shown: str, base_dir: Path) -> models.Spec:
+    """``source.stac.intersects`` given as a GeoJSON file's path: read and checked now, so everything after
+    holds the geometry (and ``validate`` finds a missing or broken file)."""
+    stac = spec.source.stac
+    if not isinstance(stac.intersects, str):
+        return spec
+    from rasterflow.aoi import parse_geometry
+
+    where = ("source", "stac", "intersects")
+    file = Path(stac.intersects) if os.path.isabs(stac.intersects) else base_dir / stac.intersects
+    try:
+        geometry = parse_geometry(file.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise SpecError(_issue(shown, loaded, where, f"cannot read the GeoJSON file {file}: "
+                                                     f"{err.strerror or err}; the path is relative to the spec's "
+                                                     f"folder")) from None
+    except ValueError as err:
+        raise SpecError(_issue(shown, loaded, where, f"{file}: {err}")) from None
+    new_stac = stac.model_copy(update={"intersects": geometry})
+    return spec.model_copy(update={"source": spec.source.model_copy(update={"stac": new_stac})})
 
 
 def _check_output_placeholders(spec: models.Spec, loaded: LoadedYaml, shown: str) -> None:

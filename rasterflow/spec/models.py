@@ -85,8 +85,16 @@ class StacSource(_Model):
         min_length=1,
     )
     collections: list[StrictStr] = Field(description="Collection ids to search.", min_length=1)
-    bbox: list[StrictFloat] = Field(
-        description="WGS84 lon/lat bounding box: west, south, east, north.", min_length=4, max_length=4
+    bbox: list[StrictFloat] | None = Field(
+        default=None, description="WGS84 lon/lat bounding box: west, south, east, north (or give intersects).",
+        min_length=4, max_length=4,
+    )
+    intersects: dict[StrictStr, Any] | StrictStr | None = Field(
+        default=None,
+        description="An area of interest instead of bbox: a GeoJSON Polygon or MultiPolygon (WGS84 lon/lat; a "
+        "Feature or FeatureCollection too) inline, or the path of a GeoJSON file relative to the spec. The search "
+        "uses it (STAC API intersects), grid.bounds defaults to its bounds, and the output is clipped to it: pixels "
+        "outside are nodata, chunks outside are not computed.",
     )
     datetime: StrictStr = Field(
         description='ISO 8601 interval ("2024-06-01/2024-08-31", open ends as ".."), a single date, or a relative '
@@ -104,9 +112,42 @@ class StacSource(_Model):
         description="Upper bound on items; the static budget check uses it as the time-axis length when time is whole.",
     )
 
+    @field_validator("intersects")
+    @classmethod
+    def _check_intersects(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            from rasterflow.aoi import parse_geometry
+
+            return parse_geometry(value)  # a ValueError says what is wrong with it
+        return value  # a file path: the loader reads it, relative to the spec
+
+    @model_validator(mode="after")
+    def _bbox_or_intersects(self) -> StacSource:
+        if self.bbox is None and self.intersects is None:
+            raise _LocatedError(("bbox",), "give the area to search: bbox (west, south, east, north in degrees) or "
+                                           "intersects (a GeoJSON polygon, or the path of a GeoJSON file)")
+        if self.bbox is not None and self.intersects is not None:
+            raise _LocatedError(("intersects",), "give bbox or intersects, not both (a STAC API takes one); the "
+                                                 "polygon's bounds are its bbox")
+        return self
+
+    @property
+    def search_bbox(self) -> tuple[float, float, float, float]:
+        """``bbox``, or the bounds of ``intersects`` (once the loader has read a file's geometry)."""
+        if self.bbox is not None:
+            west, south, east, north = (float(v) for v in self.bbox)
+            return west, south, east, north
+        if isinstance(self.intersects, dict):
+            from rasterflow.aoi import geometry_bounds
+
+            return geometry_bounds(self.intersects)
+        raise ValueError("intersects names a file that was not read; load the spec with rasterflow.load_spec")
+
     @field_validator("bbox")
     @classmethod
-    def _check_bbox(cls, bbox: list[float]) -> list[float]:
+    def _check_bbox(cls, bbox: list[float] | None) -> list[float] | None:
+        if bbox is None:
+            return None
         west, south, east, north = bbox
         problems = []
         if not (-180 <= west <= 180 and -180 <= east <= 180):

@@ -90,6 +90,8 @@ def output_item(context: StacContext, fmt: str, path: str, labels: Mapping[str, 
     grid = plan.grid
     names = list(plan.program.output_names) if plan.program is not None else []
     geometry, bbox = footprint(grid.crs, where.bounds)
+    if plan.output.aoi:  # source.stac.intersects: the output holds data only inside it
+        geometry, bbox = within_aoi(geometry, plan.output.aoi, bbox)
     collection_path, _items_path = stac_paths(context.output_path)
     now = rfc3339(dt.datetime.now(dt.timezone.utc))
     if fmt == "cog":
@@ -157,6 +159,19 @@ def output_item(context: StacContext, fmt: str, path: str, labels: Mapping[str, 
         ],
         "assets": {"data": asset},
     }
+
+
+def within_aoi(geometry: dict, aoi: str, bbox: list[float]) -> tuple[dict, list[float]]:
+    """A footprint (WGS84 GeoJSON) cut to the area of interest (WGS84 GeoJSON text), and its bbox; the footprint as
+    it is where they do not meet."""
+    import json
+
+    from shapely.geometry import mapping, shape
+
+    cut = shape(geometry).intersection(shape(json.loads(aoi)))
+    if cut.is_empty:
+        return geometry, bbox
+    return dict(mapping(cut)), [float(v) for v in cut.bounds]
 
 
 def footprint(crs: str, bounds: Sequence[float]) -> tuple[dict, list[float]]:
