@@ -18,6 +18,11 @@ The model follows the code path :mod:`rasterflow.graph` builds from the same res
   std's streaming partials).
 - **series** (no reduction): the same band block, held until every date of it is written.
 
+Each path's last stage is the write of what it made, on the same worker (:func:`write_extra_bytes`): a Zarr chunk's
+buffers, or, for a COG, the bands stacked into one block and, when the workers compress the tiles, the tiles and the
+first overview's halving; a finished result waits for its write while the thread runs its next task
+(:func:`held_between_tasks`).
+
 A task's memory is counted in *planes*: one plane is one asset's chunk over the task's items, ``t × y × x`` in the
 working dtype (``t``: :attr:`BudgetInputs.items_per_task`). A worker runs as many tasks at
 once as it has threads *and* tasks: a worker that gets one chunk holds one working set whatever its threads. Edge
@@ -30,6 +35,7 @@ Nothing here imports Dask or touches the network: ``validate`` runs this in mill
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -178,6 +184,13 @@ several threads do not peak at the same moment. With full peaks summed, the two-
 came out 1.07-1.32x their measured peak while the single-thread rows were 1.01-1.17x (2026-12-03); 0.6 brings the
 two-thread rows into the same range (1.05-1.23x)."""
 
+SUB_BLOCK_RAMP = 1.0
+""":data:`CONCURRENT_RAMP` of fused tasks that reduce their chunk in sub-blocks: each sub-block fills its series and
+is reduced, then the next one, so a task stays near its peak for most of its time and the peaks of tasks on
+several threads coincide. Measured 2026-12-06 (tests/test_budget_measured.py): a 3-band median of 1536² chunks in
+sub-blocks on 2 threads measured 289-297 MB where 0.6 predicted 276 MB (0.93-0.96), a one-process run of the same
+in float64 384 MB where 364 MB (0.95); both tasks at their peak: 1.04 each."""
+
 CLIENT_BASELINE_BYTES = 225 * 10**6
 """RSS of the client process that runs a LocalCluster (the scheduler lives in it) and the writers, before it holds
 any block: 217-219 MB measured on Zarr runs by benchmarks/budget_accuracy.py on 2026-12-03 (a fresh process each)."""
@@ -223,6 +236,47 @@ COG_INFLIGHT_PER_THREAD = 2
 
 TILES_INFLIGHT_PER_THREAD = 4
 """``write.cog``: 4 × threads blocks' compressed tiles when the workers make them (``cog_tile_layout``)."""
+
+IN_FLIGHT_PER_THREAD = 4
+"""``write.submit.IN_FLIGHT_PER_THREAD``: the Zarr writer's cap on blocks in flight per thread of the cluster."""
+
+COG_BATCH_BYTES = 128 * 2**20
+"""``write.cog.BATCH_BYTES``: a COG writer's unit is at most this much of one chunk's files (entries)."""
+
+ZARR_WRITE_PLANES = 1.6
+"""What a Zarr write task (``write.regions.write_region``) holds beside the block it writes, in one-band planes of
+the stored dtype: zarr's chunk buffer and the compressed chunk. Measured 2026-12-06 with a one-off probe (the real
+fused task of one 3072² chunk of tests/test_budget_measured.py's 3072² x 6 scenes, then ``write_region`` of its
+result, in one process, the high-water mark above the block): 1.53-1.63 planes for float32 and 1.25-1.32 for float64,
+Blosc-LZ4 with shuffle and Zstd 3 alike; a chunk half outside the items' footprint, whose NaN compress away, 0.87.
+Without this the write after a large chunk's reduction was not counted: a 3072² float64 median to Zarr, one thread,
+measured 293 MB where 265 MB was predicted (0.91)."""
+
+ENCODE_PLANES = 1.0
+"""More one-band planes of the stored dtype when the writer encodes (``output.encoding``: a stored dtype other than
+the working one): ``encode_block``'s cast copy; its NaN mask is counted as 1 byte a pixel beside it."""
+
+COG_TILE_BYTES_RATIO = 1.0
+"""A worker's compressed COG tiles of one block (``write.cogtiles.block_tiles``), as a share of the block's stored
+bytes: 0.89-0.93 measured for the sample's float32 NDVI/EVI/NDWI with ZSTD and the floating-point predictor
+(2026-12-06), 0.50 for float64; 1.0 = incompressible noise, the most they can be."""
+
+HALVE_BYTES_PER_PIXEL = 4.25
+"""``write.cogtiles.halve``'s temporaries per pixel of the level it halves, beside its result (``itemsize / 4``):
+the float64 sums and mean (2 + 2 bytes: a quarter of the pixels each) and the uint8 count (0.25). Measured with the
+tiles (2026-12-06): ``block_tiles`` peaks at 2.14-2.33 float32 blocks above its input (tiles 0.89-0.93 + these
+1.31), 0.97 float64 blocks (tiles 0.50 + 0.47)."""
+
+CLIENT_RESULTS_RECEIVED = 2
+"""Finished blocks of worker tiles (``cogtiles.BlockTiles``) the COG client holds at once: the one its writer
+spools while the next one arrives. Each at :data:`CLIENT_RESULT_COPIES` copies."""
+
+CLIENT_RESULT_COPIES = 2
+"""A received block of tiles is in the client twice while it is unpacked: the message's frames and the tiles'
+``bytes``. Measured 2026-12-06: a 3-band 3072² float32 block (105 MB of tiles) raised the client 214 MB above its
+baseline (predicted 365 MB, measured 439 MB, 0.83, when the model counted the 4-per-thread blocks in flight once:
+those are computed on the workers and fetched one by one, so with 2 threads and 1536² chunks the same model was
+1.17-1.37x the measured client)."""
 
 LOAD_COPIES = 1
 """Copies of one item's loaded planes alive in a task: the read output itself; the kernel takes it without a copy."""
@@ -798,16 +852,19 @@ def _fitting_rows(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, c
 
 
 def _block_peak(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, block: tuple[int, int]) -> int:
-    return max(nbytes for _, nbytes, _ in _task_stages(shape, inputs, task, block))
+    """The reduction's peak with sub-blocks of ``block`` (the write that follows does not depend on them)."""
+    return max(nbytes for _, nbytes, _ in _task_stages(shape, inputs, task, block, writes=False))
 
 
 def _task_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape,
-                 block: tuple[int, int] | None = None) -> list[tuple[str, int, str]]:
+                 block: tuple[int, int] | None = None, *, writes: bool = True) -> list[tuple[str, int, str]]:
     """(stage, bytes, detail) of one task of ``task``'s shape, following :mod:`rasterflow.kernels`.
 
     The reader hands the kernel one item at a time (``read.item_stream``): the loaded block is one item's raw values,
     the series the only date-deep arrays. A fused task reduces its chunk in sub-blocks of ``block`` (default: the
-    job's :func:`sub_block`); then the whole chunk's result is alive beside the sub-block's working set."""
+    job's :func:`sub_block`); then the whole chunk's result is alive beside the sub-block's working set. The fused
+    path's last stage (``writes``) is the write of the chunk's result that follows on the same worker
+    (:func:`write_extra_bytes`)."""
     path = code_path(shape, inputs)
     if block is None:
         block = sub_block(shape, inputs) if path == "fused" else (0, 0)
@@ -829,18 +886,27 @@ def _task_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape,
     cover = f" + {inputs.coverage_assets} coverage plane(s)" if inputs.coverage_assets else ""
     stages.append(("load", item, f"{n_loaded} asset(s) of one item loaded as "
                                   f"{inputs.load_words(n_loaded)}{cover}{strip_words}; {task.items} items one by one"))
-    # with solar_day the next tile's raw planes, its masked planes and the filled/take masks
-    mosaic = n_loaded + 0.5 if shape.mosaics_passes else 0
+    # kernels._band_series, one date at a time: the mask evaluated on the raw values (kernels._drop_addend), the
+    # assets the bands read as working planes (kernels.working_assets: an asset only the mask reads stays raw), then
+    # each band written into its series. Counted as the kernel allocates (2026-12-06): a 3072² series task of 3
+    # dates measured 313 MB above its start, the model then said 387 MB (6 one-date planes for the mask where the
+    # kernel has 4: red, nir and NDVI's two temporaries); a float64 one-date series 1.41x its measured worker peak.
+    n_work = len(_working_assets(shape))
+    # with solar_day the next tile's raw planes, its working planes and the filled/take masks
+    mosaic = n_work + 0.5 if shape.mosaics_passes else 0
     next_tile = item if shape.mosaics_passes else 0
+    cover_plane = 1 if inputs.coverage_assets else 0  # a coverage plane's NaN addend while it is added
     base = f"one item + {n_bands} band series of {part.dates} dates" + (" + the chunk's result" if striped else "")
     if shape.mask is not None:
-        temps = n_loaded + mosaic + shape.mask.live_arrays - len(shape.mask.names)
+        temps = mosaic + _mask_planes(shape, inputs, n_work) + cover_plane
         stages.append(("mask", int(held + next_tile + temps * one),
-                       f"{base} + {temps:g} one-date planes (mask temporaries)"))
-    for index, (name, expr) in enumerate(shape.bands):
-        temps = n_loaded + mosaic + index + expr.live_arrays - len(expr.names)
+                       f"{base} + {temps:g} one-date planes (the mask and the {n_work} working asset(s))"))
+    for name, expr in shape.bands:
+        own = band_temporaries(expr)
+        temps = n_work + mosaic + own
         stages.append((f"band {name}", int(held + next_tile + temps * one),
-                       f"{base} + {temps:g} one-date planes (assets, earlier bands, {expr.live_arrays} live)"))
+                       f"{base} + {temps:g} one-date planes ({n_work} working asset(s), {own} temporaries of "
+                       f"{expr.live_arrays} live)"))
     if path == "fused":
         method = shape.reduce_method or ""
         group = min(inputs.group_dates or part.dates, part.dates) * one
@@ -850,6 +916,11 @@ def _task_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape,
                        f"{base} + {REDUCTION_EXTRA_PLANES[method]:g} working copies"
                        + (" of a period's subset + the subset" if shape.has_period else "")
                        + f" + the {n_groups}×{max(1, shape.n_quantiles)}×{n_bands} result{strip_words}"))
+        if writes:
+            # the write task of one of the chunk's entries, its whole result alive (graph._reduced_band selects views)
+            extra_write, words = write_extra_bytes(shape, inputs, task.pixels)
+            stages.append(("write", int(result * task.pixels + extra_write),
+                           f"the chunk's {n_groups}×{max(1, shape.n_quantiles)}×{n_bands} result + {words}"))
         return stages
     # tree and series: band_block copies the series into one (date, band, y, x) block, one band at a time
     stages.append(("bands out", int(held + series), f"{base} + the first band of the (date, band) block"))
@@ -868,9 +939,126 @@ def _task_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape,
         stages.append((f"combine {method} (tree)", int(fan_in * partial + 2 * one),
                        f"{fan_in} partials concatenated + the result"))
     else:
-        stages.append(("write dates", int(block_out + 2 * one),
-                       f"the {n_bands}-band block while its dates are encoded and written"))
+        extra_write, words = write_extra_bytes(shape, inputs, task.pixels)
+        if shape.output_format == "cog" and extra_write > 2 * one:
+            stages.append(("write dates", int(block_out + extra_write), f"the {n_bands}-band block + {words}"))
+        else:
+            stages.append(("write dates", int(block_out + 2 * one),
+                           f"the {n_bands}-band block while its dates are encoded and written"))
     return stages
+
+
+def write_extra_bytes(shape: PipelineShape, inputs: BudgetInputs, pixels: int) -> tuple[int, str]:
+    """What the worker task that writes one entry (a period, quantile or date: every band) of a finished block of
+    ``pixels`` holds beside that block, and its words: for Zarr, per band, zarr's chunk buffer and the compressed
+    chunk (:data:`ZARR_WRITE_PLANES`; plus the cast copy and NaN mask when the writer encodes); for a COG the bands
+    stacked into one block (``write.cog._cube``), and, when the workers make the tiles (:func:`cog_tile_layout`), the
+    compressed tiles (:data:`COG_TILE_BYTES_RATIO`) and the first overview's halving (:data:`HALVE_BYTES_PER_PIXEL`).
+    0 for Zarr v3 shards (:func:`held_for_shards` counts the shard's write)."""
+    w = dtype_itemsize(inputs.dtype)
+    stored_w = dtype_itemsize(shape.stored_dtype or inputs.dtype)
+    n_bands = len(shape.bands)
+    if shape.output_format == "cog":
+        stacked = n_bands * pixels * w
+        layout = cog_tile_layout(shape, inputs)
+        if layout is None:
+            return stacked, "the bands stacked into the block the client writes"
+        tiles = COG_TILE_BYTES_RATIO * n_bands * pixels * stored_w
+        halve = n_bands * pixels * (HALVE_BYTES_PER_PIXEL + w / 4) if len(layout.levels) > 1 else 0
+        return int(stacked + tiles + halve), "the bands stacked, their COG tiles and the first overview's halving"
+    if shards_per_side(shape, inputs) > 1:
+        return 0, "its shard (held for shards)"
+    encoded = shape.stored_dtype is not None and shape.stored_dtype != inputs.dtype
+    encode = (ENCODE_PLANES * stored_w + 1) * pixels if encoded else 0
+    return int(ZARR_WRITE_PLANES * pixels * stored_w + encode), \
+        f"{ZARR_WRITE_PLANES:g} one-band planes (zarr's chunk buffer, the compressed chunk)" \
+        + (" + the encoded copy and its mask" if encoded else "")
+
+
+def units_in_flight(shape: PipelineShape, inputs: BudgetInputs) -> int:
+    """Spatial chunks one worker has in flight at once under the writer's cap (``write.submit.run_units``): the cap
+    counts blocks (:data:`IN_FLIGHT_PER_THREAD` per thread of the cluster for Zarr, whose unit is every band and
+    entry of a chunk; :data:`TILES_INFLIGHT_PER_THREAD` or :data:`COG_INFLIGHT_PER_THREAD` for a COG, whose unit is
+    up to :data:`COG_BATCH_BYTES` of a chunk's files), shared by the workers, at most the chunks a worker gets."""
+    threads = max(1, inputs.n_workers * inputs.threads_per_worker)
+    n_bands = max(1, len(shape.bands))
+    if shape.output_format == "cog":
+        per_thread = TILES_INFLIGHT_PER_THREAD if cog_tile_layout(shape, inputs) is not None \
+            else COG_INFLIGHT_PER_THREAD
+        cap = max(2, per_thread * threads)
+        cy, cx = inputs.chunk_yx
+        unit_bytes = dtype_itemsize(inputs.dtype) * n_bands * cy * cx
+        keys = min(max(1, min(cap, COG_BATCH_BYTES // max(1, unit_bytes))), _cog_files(shape, inputs))
+    else:
+        cap = max(2, IN_FLIGHT_PER_THREAD * threads)
+        keys = n_bands * _n_groups(shape, inputs) * max(1, shape.n_quantiles)
+    units = max(1, cap // keys)
+    workers = max(1, inputs.n_workers)
+    return max(1, min(math.ceil(inputs.n_spatial_chunks / workers), math.ceil(units / workers)))
+
+
+TABLE_DTYPES = frozenset({"uint8", "int8", "uint16", "int16"})
+"""``lookup.TABLE_DTYPES`` (not imported: ``rasterflow.lookup`` loads NumPy): raw dtypes the kernel converts and masks
+with a per-value table."""
+
+
+def _working_assets(shape: PipelineShape) -> tuple[str, ...]:
+    """``kernels.working_assets``: the loaded assets the bands read (each becomes a working-dtype plane per date)."""
+    read = set().union(*(expr.names for _, expr in shape.bands)) if shape.bands else set()
+    return tuple(a for a in shape.assets_loaded if a in read) or shape.assets_loaded
+
+
+def _asset_dtype(shape: PipelineShape, inputs: BudgetInputs, asset: str) -> str:
+    if inputs.asset_dtypes and asset in shape.assets_loaded:
+        return inputs.asset_dtypes[shape.assets_loaded.index(asset)]
+    return inputs.load_dtype or inputs.dtype
+
+
+def _mask_planes(shape: PipelineShape, inputs: BudgetInputs, n_work: int) -> float:
+    """One-date planes alive while the mask is applied (``kernels._drop_addend`` and ``_masked_assets``): a mask of
+    one small-integer asset is a per-value table gathered with each working asset (no plane of its own); any other
+    is evaluated on the raw values (its temporaries, counted as working planes) into one NaN-addend plane that stays
+    while the working assets are made."""
+    mask = shape.mask
+    assert mask is not None
+    if len(mask.names) == 1 and _asset_dtype(shape, inputs, next(iter(mask.names))) in TABLE_DTYPES:
+        return n_work
+    return max(mask.live_arrays - len(mask.names) + 1, n_work + 1)
+
+
+def band_temporaries(expr: Expression) -> int:
+    """One-date planes a band's evaluation allocates at its peak, its inputs not counted (``kernels._band_series``).
+
+    ``live_arrays`` counts the result as a new array; the kernel has an outermost ``+ - * /`` write into the band's
+    series (``Expression.evaluate(out=)``), so then the peak is the larger of the operands' own peaks (the left
+    result alive while the right is evaluated) and the two results, not the whole count. Measured 2026-12-06
+    (a one-off probe: one 1536² item of tests/test_budget_measured.py's scenes): NDVI 2.0 planes (live 5 - 2 inputs - 1 into the
+    series), EVI 4.0 (its peak is inside the denominator: live 7 - 3 inputs, none saved); a whole 3072² series
+    task of 3 dates 313 MB above its start, 311 MB predicted."""
+    return _band_temporaries(expr.text, tuple(sorted(expr.names)), expr.live_arrays)
+
+
+@functools.lru_cache(maxsize=256)
+def _band_temporaries(text: str, names: tuple[str, ...], live: int) -> int:
+    import ast
+
+    whole = max(0, live - len(names))
+    try:
+        body = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:  # pragma: no cover - a parsed Expression's text parses
+        return whole
+    if not (isinstance(body, ast.BinOp) and isinstance(body.op, (ast.Add, ast.Sub, ast.Mult, ast.Div))):
+        return whole
+
+    def operand(node: ast.expr) -> tuple[int, int]:
+        """(own peak, 1 when its result is a new array) of an operand."""
+        if isinstance(node, ast.Name) or not any(isinstance(n, ast.Name) for n in ast.walk(node)):
+            return 0, 0  # an input the caller holds, or a constant (a scalar)
+        sub = parse_expression(ast.unparse(node), list(names), what="band")
+        return max(0, sub.live_arrays - len(sub.names)), 1
+
+    (left_peak, left), (right_peak, right) = operand(body.left), operand(body.right)
+    return min(whole, max(left_peak, left + right_peak, left + right))
 
 
 def _tree_partial(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape) -> float:
@@ -891,10 +1079,19 @@ def held_between_tasks(shape: PipelineShape, inputs: BudgetInputs) -> int:
     one = task.pixels * dtype_itemsize(inputs.dtype)
     n_groups = _n_groups(shape, inputs)
     if path == "fused":
-        # a result with periods or quantiles stays whole while its entries are written (graph._reduced_band selects
-        # views of it), beside the next task
+        # a finished chunk's result waits for its write tasks while the thread that made it runs its next reduction:
+        # the worker starts the next task it has before the scheduler has sent the writes. With a COG whose tiles
+        # the workers make, a 3-band 1536² median on 2 threads held 4 results (managed 113 MB) while two tile tasks
+        # ran, 414 MB measured where 283 MB was predicted without them (2026-12-06); so one waiting result per
+        # running task, as far as the writer's cap leaves other chunks in flight (Zarr with 3 bands on 2 threads:
+        # 2 chunks in flight, none waiting). A result with periods or quantiles stays whole while its entries are
+        # written (graph._reduced_band selects views of it): at least one is held.
         entries = n_groups * max(1, shape.n_quantiles)
-        return entries * len(shape.bands) * one if entries > 1 else 0
+        running = concurrent_tasks(shape, inputs)
+        waiting = min(running, max(0, units_in_flight(shape, inputs) - running))
+        if entries > 1 and math.ceil(inputs.n_spatial_chunks / max(1, inputs.n_workers)) > running:
+            waiting = max(waiting, 1)
+        return waiting * entries * len(shape.bands) * one
     # each thread's finished block waits while the thread runs its next task: its reduction or write is queued
     # behind the next band tasks (counting it for one thread only left the two-thread tree rows of
     # budget_accuracy.py at 0.81-0.88 of their measured peak with either decoder, 2026-12-04). The running tasks are
@@ -903,8 +1100,25 @@ def held_between_tasks(shape: PipelineShape, inputs: BudgetInputs) -> int:
     # 1024² chunks on two threads was predicted 1.60x its measured peak counting the largest block twice more).
     running = concurrent_tasks(shape, inputs)
     itemsize = dtype_itemsize(inputs.dtype)
+    one_chunk_each = math.ceil(inputs.n_spatial_chunks / max(1, inputs.n_workers)) <= running
+    if path == "tree" and one_chunk_each:
+        # each thread reduces the time chunks of its own spatial chunk: beside the running task only the partials of
+        # that chunk's other time chunks (its own partial is counted in its stage), no block of another chunk.
+        # Measured 2026-12-06 (tests/test_budget_measured.py, one 3072² chunk, one thread): mean over 2 and 3 time
+        # chunks 509 MB and 545 MB where a block and every partial held predicted 788 MB and 741 MB (1.55, 1.36);
+        # std over 2 time chunks 893 MB (predicted 1118 MB, now 854 MB)
+        partials = inputs.n_time_chunks - 1
+        if shape.has_period:
+            group = min(inputs.group_dates or task.dates, inputs.n_time)
+            partials = n_groups * min(inputs.n_time_chunks, math.ceil(group / inputs.time_per_chunk) + 1) - 1
+        return int(max(0, partials) * len(shape.bands) * _tree_partial(shape, inputs, task))
+    # On the series path the writer's unit is a spatial chunk (every date of it): the blocks of all its time chunks
+    # wait for their writes, queued behind its band tasks (2 threads, 4 time chunks of 1024²: 271 MB measured where
+    # one held block per thread predicted 242 MB, 0.89, budget_accuracy.py row 19, 2026-12-06); at most two per
+    # thread (what was measured: deeper units, more time chunks than that, were not)
+    n_held = max(running, min(inputs.n_time_chunks, 2 * running)) if path == "series" else running
     held = sum(len(shape.bands) * other.dates * other.pixels * itemsize
-               for other in _largest(shape, inputs, 2 * running)[running:])
+               for other in _largest(shape, inputs, running + n_held)[running:])
     if path == "tree":
         # the partials of every time chunk; with periods a time chunk holds a partial per period it touches
         # (tasks.tree_partials; the period's dates are copied out of the block inside the task, counted there)
@@ -991,7 +1205,9 @@ def _task_peak(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape) -> i
 
 def _concurrent_bytes(shape: PipelineShape, inputs: BudgetInputs, tasks: list[TaskShape]) -> int:
     """The working sets of tasks running at once: the largest at its peak, each other one with its block and
-    :data:`CONCURRENT_RAMP` of the rest (a task's series fill date by date, so concurrent peaks do not coincide)."""
+    :data:`CONCURRENT_RAMP` of the rest (a task's series fill date by date, so concurrent peaks do not coincide);
+    with sub-blocks, every one at its peak (:data:`SUB_BLOCK_RAMP`)."""
+    ramp = SUB_BLOCK_RAMP if sub_block(shape, inputs) != (0, 0) else CONCURRENT_RAMP
     total = 0
     for index, task in enumerate(tasks):
         stages = _task_stages(shape, inputs, task)
@@ -1000,7 +1216,7 @@ def _concurrent_bytes(shape: PipelineShape, inputs: BudgetInputs, tasks: list[Ta
             total += peak
         else:
             block = stages[0][1]
-            total += int(block + CONCURRENT_RAMP * (peak - block))
+            total += int(block + ramp * (peak - block))
     return total
 
 
@@ -1085,11 +1301,12 @@ def cog_tile_layout(shape: PipelineShape, inputs: BudgetInputs) -> Any:
 
 
 def client_peak_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
-    """The client process: its baseline; with COG output also the finished blocks in flight (``write.cog``: 2 per
-    thread of the cluster, each all bands of one chunk) and then either, when the workers compress the tiles
-    (:func:`cog_tile_layout`), the small overview levels it keeps per file, GDAL's cache while it makes the header
-    and the last levels' halving; or its GDAL cache while GDAL's COG driver copies each file, capped by the output's
-    size, and that copy's row buffers."""
+    """The client process: its baseline; with COG output, when the workers compress the tiles
+    (:func:`cog_tile_layout`), the finished blocks of tiles it receives (:data:`CLIENT_RESULTS_RECEIVED`, each
+    :data:`CLIENT_RESULT_COPIES` times), the small overview levels it keeps per file, GDAL's cache while it makes the
+    header and the last levels' halving; else the finished blocks in flight (``write.cog``: 2 per thread of the
+    cluster, each all bands of one chunk), then its GDAL cache while GDAL's COG driver copies each file, capped by
+    the output's size, and that copy's row buffers."""
     if shape.output_format != "cog":
         return CLIENT_BASELINE_BYTES
     w = dtype_itemsize(inputs.dtype)
@@ -1098,16 +1315,20 @@ def client_peak_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
     n_files = _cog_files(shape, inputs)
     units = n_files * inputs.n_spatial_chunks
     layout = cog_tile_layout(shape, inputs)
-    per_thread = COG_INFLIGHT_PER_THREAD if layout is None else TILES_INFLIGHT_PER_THREAD
-    inflight = min(units, max(2, per_thread * inputs.n_workers * inputs.threads_per_worker))
-    streaming = inflight * n_bands * cy * cx * w  # compressed tiles are no larger than the block
     if layout is not None:
         from rasterflow.write.cogassembly import TEMPLATE_CACHEMAX
         from rasterflow.write.cogtiles import client_levels_bytes
 
+        # the blocks in flight are computed on the workers; the client fetches the finished ones one by one and
+        # spools each at once: it holds CLIENT_RESULTS_RECEIVED of them, each twice while unpacked (compressed tiles
+        # are no larger than the block)
+        received = min(units, CLIENT_RESULTS_RECEIVED) * CLIENT_RESULT_COPIES * n_bands * cy * cx \
+            * dtype_itemsize(shape.stored_dtype or inputs.dtype)
         levels = client_levels_bytes(layout, w)
-        return (CLIENT_BASELINE_BYTES + COG_WRITER_BYTES + streaming + (n_files + ASSEMBLY_LEVEL_COPIES) * levels
+        return (CLIENT_BASELINE_BYTES + COG_WRITER_BYTES + received + (n_files + ASSEMBLY_LEVEL_COPIES) * levels
                 + TEMPLATE_CACHEMAX)
+    inflight = min(units, max(2, COG_INFLIGHT_PER_THREAD * inputs.n_workers * inputs.threads_per_worker))
+    streaming = inflight * n_bands * cy * cx * w
     output = n_files * n_bands * inputs.grid_shape[0] * inputs.grid_shape[1] * w
     # first the blocks stream in, then (the blocks gone) each file is copied into a COG: the larger of the two
     return (CLIENT_BASELINE_BYTES + COG_WRITER_BYTES + max(streaming, cog_copy_bytes(shape, inputs))
