@@ -63,12 +63,18 @@ def test_fused_median_holds_block_series_and_one_date_temporaries(whole_chunks):
     held = ITEM + 16 * ONE  # one item's raw planes + the ndvi series of 16 dates
     assert stages["load"] == ITEM
     assert report.sub_block == (0, 0)
-    # mask: 3 assets as one-date working planes + the OR-chain's temporaries (4 live - 1 name = 3)
-    assert stages["mask"] == held + 6 * ONE
+    # mask: scl (uint8) is masked with a per-value table gathered with each asset, so only red and nir as one-date
+    # working planes (kernels._masked_assets; scl stays raw)
+    assert stages["mask"] == held + 2 * ONE
+    # ndvi: red, nir, nir-red and nir+red; the quotient is written into the series
+    assert stages["band b0"] == held + 4 * ONE
     assert stages["reduce median"] == int(held + 0.1 * 16 * ONE + ONE)  # bottleneck's result + the output plane
+    assert stages["write"] == int(ONE + budget.ZARR_WRITE_PLANES * ONE)  # the result + zarr's buffers
     # 4 chunks for 1 worker and 1 thread: one task at a time; 48 files open; the cache fills (decodes 84 MB a chunk)
     assert report.concurrent_tasks == 1 and report.gdal_cache_bytes == 64 * MB
-    assert report.peak_per_worker == held + 6 * ONE + 48 * budget.OPEN_FILE_BYTES + 64 * MB \
+    # the finished result waits for its write while the thread runs the next chunk
+    assert report.held_bytes == ONE
+    assert report.peak_per_worker == held + 4 * ONE + ONE + 48 * budget.OPEN_FILE_BYTES + 64 * MB \
         + budget.WORKER_BASELINE_BYTES
 
 
@@ -96,11 +102,14 @@ def test_edge_chunks_count_at_their_real_size(whole_chunks):
     big = dataclasses.replace(inputs, grid_shape=(1536, 1536))
     second = budget.estimate(_shape("median"), small)
     block = second.stages[0].bytes_per_task
-    # the largest at its peak, the second with its block and 0.6 of the rest (budget.CONCURRENT_RAMP)
-    assert report.tasks_bytes == budget.estimate(_shape("median"), big).peak_task_bytes \
+    # the largest at its peak, the second with its block and 0.6 of the rest (budget.CONCURRENT_RAMP), besides the
+    # finished results waiting for their writes (one per thread; budget.held_between_tasks)
+    assert report.held_bytes == 2 * 1536 * 1536 * 4
+    running = report.tasks_bytes - report.held_bytes
+    assert running == budget.estimate(_shape("median"), big).peak_task_bytes \
         + int(block + budget.CONCURRENT_RAMP * (second.peak_task_bytes - block))
     # not twice the full chunk
-    assert report.tasks_bytes < 2 * report.peak_task_bytes * 0.7
+    assert running < 2 * report.peak_task_bytes * 0.7
 
 
 def test_gdal_cache_is_capped_by_the_bytes_a_worker_decodes():
@@ -158,7 +167,8 @@ def test_series_holds_a_finished_block_while_it_is_written():
     stages = {s.stage: s.bytes_per_task for s in report.stages}
     held = ITEM + 16 * ONE
     assert stages["bands out"] == held + 16 * ONE
-    assert stages["mask"] == held + 6 * ONE
+    assert stages["mask"] == held + 2 * ONE  # red and nir as working planes; scl's table mask has no plane
+    assert stages["band b0"] == held + 4 * ONE
     assert report.held_bytes == 16 * ONE  # the (date, band) block of 1 band
     assert report.tasks_bytes == held + 16 * ONE + 16 * ONE
 
@@ -173,8 +183,9 @@ def test_solar_day_sizes_series_by_passes_and_the_block_by_items(whole_chunks):
     assert (task.items, task.dates, task.count) == (24, 12, 4)
     stages = {s.stage: s.bytes_per_task for s in report.stages}
     assert stages["load"] == ITEM  # 24 items, read one by one
-    # mask: + the next tile's raw planes, its 3 working planes and the two boolean masks (0.5)
-    assert stages["mask"] == int(ITEM + 12 * ONE + ITEM + (3 + 3.5 + 3) * ONE)
+    # mask: + the next tile's raw planes, its 2 working planes and the two boolean masks (0.5), beside the first
+    # tile's 2 working planes (scl's table mask has no plane)
+    assert stages["mask"] == int(ITEM + 12 * ONE + ITEM + (2 + 2.5) * ONE)
 
 
 def test_coverage_planes_and_mixed_load_dtypes(whole_chunks):
@@ -228,7 +239,8 @@ def test_deep_series_are_reduced_in_sub_blocks_that_keep_the_task_flat():
     part = rows * cols * 4
     stages = {s.stage: s.bytes_per_task for s in blocks[36].stages}
     assert stages["load"] == rows * cols * 5
-    assert stages["mask"] == rows * cols * 5 + 36 * part + ONE + 6 * part
+    assert stages["mask"] == rows * cols * 5 + 36 * part + ONE + 2 * part  # red, nir; scl masks by table
+    assert stages["band b0"] == rows * cols * 5 + 36 * part + ONE + 4 * part
     assert stages["reduce median"] == int(rows * cols * 5 + 36 * part + ONE + 0.1 * 36 * part + part)
     # the whole chunk at 73 dates would hold 4.9x the sub-blocked task
     assert ITEM + 73 * ONE + 6 * ONE > 4.5 * blocks[73].peak_task_bytes
