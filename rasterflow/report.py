@@ -298,10 +298,10 @@ class RunReport:
         return cls.from_dict(json.loads(text))
 
     @classmethod
-    def read(cls, path: str | os.PathLike) -> RunReport:
+    def read(cls, path: str | os.PathLike[str]) -> RunReport:
         return cls.from_json(Path(path).read_text())
 
-    def write(self, path: str | os.PathLike) -> Path:
+    def write(self, path: str | os.PathLike[str]) -> Path:
         """Write the JSON atomically: serialise first, write a temporary file beside ``path``, then rename.
 
         The file gets the permissions of the outputs it sits beside (``0o666`` minus the umask) and is synced to the
@@ -503,7 +503,7 @@ def mark_rows(marks: list[tuple[float, str]], t_min: float, t_max: float, *, cha
     return rows
 
 
-def plot_memory(report: RunReport, png_path: str | os.PathLike) -> Path:
+def plot_memory(report: RunReport, png_path: str | os.PathLike[str]) -> Path:
     """Save a PNG of RSS over time: one line per worker, the worker thresholds, the predicted peak, stage marks.
 
     The y axis fits the measured and predicted memory (:func:`plot_y_top`); thresholds above it are named in the
