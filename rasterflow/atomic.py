@@ -83,7 +83,7 @@ def new_file_mode() -> int:
     return 0o666 & ~current_umask()
 
 
-def temp_path(path: str | os.PathLike, suffix: str = _TEMP_SUFFIX) -> str:
+def temp_path(path: str | os.PathLike[str], suffix: str = _TEMP_SUFFIX) -> str:
     """A new hidden name beside ``path`` for a temporary file: ``<dir>/.<name>.<random><suffix>``.
 
     Nothing is created; the random part (12 hex digits) keeps concurrent writers of one target apart.
@@ -104,7 +104,7 @@ def temp_path(path: str | os.PathLike, suffix: str = _TEMP_SUFFIX) -> str:
     return os.path.join(directory, f".{name}.{uuid.uuid4().hex[:12]}{suffix}")
 
 
-def publish(temp: str | os.PathLike, final: str | os.PathLike, *, replace: bool) -> None:
+def publish(temp: str | os.PathLike[str], final: str | os.PathLike[str], *, replace: bool) -> None:
     """Move a finished local file into place, in one step.
 
     Parameters
@@ -146,7 +146,7 @@ def _discard(temp: str) -> None:
         pass
 
 
-def _write_atomic(path: str | os.PathLike, data: bytes | str, *, text_encoding: str | None, mode: int | None,
+def _write_atomic(path: str | os.PathLike[str], data: bytes | str, *, text_encoding: str | None, mode: int | None,
                   fsync: bool, replace: bool) -> Path:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -172,7 +172,7 @@ def _write_atomic(path: str | os.PathLike, data: bytes | str, *, text_encoding: 
     return target
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, mode: int | None = None, fsync: bool = True,
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int | None = None, fsync: bool = True,
                        replace: bool = True) -> Path:
     """Write ``data`` to ``path`` atomically: a temporary file beside it, then one move onto it.
 
@@ -207,7 +207,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, mode: int | None
     return _write_atomic(path, bytes(data), text_encoding=None, mode=mode, fsync=fsync, replace=replace)
 
 
-def write_text_atomic(path: str | os.PathLike, text: str, *, encoding: str = "utf-8", mode: int | None = None,
+def write_text_atomic(path: str | os.PathLike[str], text: str, *, encoding: str = "utf-8", mode: int | None = None,
                       fsync: bool = True, replace: bool = True) -> Path:
     """Write ``text`` to ``path`` atomically: a temporary file beside it, then one move onto it.
 
@@ -243,7 +243,7 @@ def write_text_atomic(path: str | os.PathLike, text: str, *, encoding: str = "ut
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, *, replace: bool = True, fsync: bool = False,
+def atomic_path(path: str | os.PathLike[str], *, replace: bool = True, fsync: bool = False,
                 suffix: str = _TEMP_SUFFIX) -> Iterator[str]:
     """A temporary path beside ``path`` for a writer that makes a file by its name; moved onto ``path`` when the
     ``with`` block ends without an error.

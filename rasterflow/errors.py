@@ -8,6 +8,8 @@ turns errors into exit codes.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = [
     "ExitCode",
@@ -182,7 +184,7 @@ class OutputLockedError(RasterflowError, BlockingIOError):
 
     exit_code = ExitCode.LOCKED
 
-    def __init__(self, message: str, holder: dict | None = None):
+    def __init__(self, message: str, holder: Mapping[str, Any] | None = None):
         super().__init__(message)
         self.holder = dict(holder or {})
 

@@ -18,7 +18,7 @@ Light: rasterio, pyproj and rioxarray are imported inside the functions.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,7 +33,7 @@ __all__ = ["GRID_MAPPING", "georef_attrs", "write_georef", "with_transform", "cr
 GRID_MAPPING = "spatial_ref"
 
 
-def georef_attrs(crs: Any, transform: Sequence[float]) -> dict[str, str]:
+def georef_attrs(crs: str | int | Mapping[str, Any] | CRS, transform: Sequence[float]) -> dict[str, str]:
     """The grid mapping's attributes of ``crs`` (anything rasterio's ``CRS.from_user_input`` takes) and the affine
     ``transform`` ``(a, b, c, d, e, f)``: the WKT twice (CF's ``crs_wkt``, GDAL's ``spatial_ref``) and GDAL's
     ``GeoTransform`` string, as rioxarray's ``write_crs`` and ``write_transform`` write them."""
@@ -48,7 +48,7 @@ def _geotransform(transform: Sequence[float]) -> str:
     return " ".join(str(v) for v in (c, a, b, f, d, e))
 
 
-def write_georef(dataset: xr.Dataset, crs: Any, transform: Sequence[float]) -> xr.Dataset:
+def write_georef(dataset: xr.Dataset, crs: str | int | Mapping[str, Any] | CRS, transform: Sequence[float]) -> xr.Dataset:
     """``dataset`` with the grid mapping coordinate of ``crs`` and ``transform``, named by every data variable."""
     import numpy as np
     import xarray as xr
@@ -109,7 +109,8 @@ def transform_of(dataset: xr.Dataset) -> Affine:
         return Affine.from_gdal(*(float(v) for v in str(text).split()))
     import rioxarray  # noqa: F401  (registers the .rio accessor)
 
-    return dataset.rio.transform()
+    transform: Affine = dataset.rio.transform()
+    return transform
 
 
 def needs_cf(attrs: dict[str, Any]) -> bool:

@@ -13,7 +13,16 @@ import weakref
 import math
 import numbers
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # pragma: no cover
+    import dask.array as da
+    import numpy as np
+    import numpy.typing as npt
+    from dask.typing import DaskCollection, Key
+
+#: A task in Dask's graph specification: a tuple with a callable first, then its arguments.
+Task = tuple[Any, ...]
 
 __all__ = ["TaskLayer", "lazy_array", "layer_named", "stack_blocks"]
 
@@ -27,8 +36,9 @@ def layer_named(name: object) -> TaskLayer | None:
     return _LAYERS.get(name) if isinstance(name, str) else None
 
 
-def lazy_array(name: str, numblocks: tuple[int, ...], make: Callable[[tuple[int, ...]], tuple], chunks: tuple,
-               dtype: Any, dependencies: Sequence[Any] = (), *, inline: bool = False) -> Any:
+def lazy_array(name: str, numblocks: tuple[int, ...], make: Callable[[tuple[int, ...]], Task],
+               chunks: tuple[tuple[int, ...], ...], dtype: npt.DTypeLike, dependencies: Sequence[da.Array] = (), *,
+               inline: bool = False) -> da.Array:
     """A Dask array whose blocks are ``make(block)`` (a :class:`TaskLayer`), through Dask's documented high-level
     graph constructor: the lazy view a notebook computes with Dask, and whose tasks the writers submit themselves."""
     import dask.array as da
@@ -37,10 +47,13 @@ def lazy_array(name: str, numblocks: tuple[int, ...], make: Callable[[tuple[int,
 
     layer = TaskLayer(name, numblocks, make, inline=inline)
     layer.inputs = {getattr(d, "name", str(id(d))): d for d in dependencies}
-    graph = HighLevelGraph.from_collections(name, layer, dependencies=list(dependencies))
+    # a Dask array is a Dask collection; dask's annotations disagree (Array.__dask_scheduler__ is not the
+    # staticmethod its DaskCollection protocol declares)
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=cast("list[DaskCollection]", list(dependencies)))
     return da.Array(graph, name, chunks, meta=np.empty((0,) * len(chunks), dtype=dtype))
 
-class TaskLayer(Mapping):
+
+class TaskLayer(Mapping["Key", Task]):  # Key: dask.typing's, imported when type checking
     """A read-only graph layer whose tasks are made when they are asked for, not held.
 
     Keys are ``(name, *block)`` for every block index of ``numblocks`` (C order, as a dict built by nested loops
@@ -52,14 +65,14 @@ class TaskLayer(Mapping):
     ``MaterializedLayer`` without copying it).
     """
 
-    def __init__(self, name: str, numblocks: tuple[int, ...], make: Callable[[tuple[int, ...]], tuple], *,
+    def __init__(self, name: str, numblocks: tuple[int, ...], make: Callable[[tuple[int, ...]], Task], *,
                  inline: bool = False):
         self.name = name
         self.numblocks = tuple(int(n) for n in numblocks)
         self.make = make
         self.inline = inline
         """A cheap view (a selection, a stack of blocks): computed inside the task that uses it, never alone."""
-        self.inputs: dict[str, Any] = {}
+        self.inputs: dict[str, da.Array] = {}
         """The arrays its tasks take blocks of, by name (:func:`lazy_array`'s ``dependencies``)."""
         _LAYERS[name] = self
 
@@ -84,13 +97,13 @@ class TaskLayer(Mapping):
     def __contains__(self, key: object) -> bool:
         return self._block(key) is not None
 
-    def __getitem__(self, key: Any) -> tuple:
+    def __getitem__(self, key: Key) -> Task:
         block = self._block(key)
         if block is None:
             raise KeyError(key)
         return self.make(block)
 
-    def __iter__(self) -> Iterator[tuple]:
+    def __iter__(self) -> Iterator[Key]:
         for block in itertools.product(*(range(n) for n in self.numblocks)):
             yield (self.name, *block)
 
@@ -98,7 +111,7 @@ class TaskLayer(Mapping):
         return math.prod(self.numblocks)
 
 
-def stack_blocks(arrays: Sequence[Any], nlead: int, dtype: Any) -> Any:
+def stack_blocks(arrays: Sequence[da.Array], nlead: int, dtype: npt.DTypeLike) -> da.Array:
     """``da.stack([a.astype(dtype) for a in arrays], axis=nlead)`` chunked 1 along the ``nlead`` leading dims and
     whole along the new axis (what the COG writer's cube is), as one :class:`TaskLayer`: block ``(*lead, 0, i, j)``
     stacks block ``(i, j)`` of every array at that leading index. Dask's stack and rechunk would hold a task per
@@ -126,30 +139,31 @@ def stack_blocks(arrays: Sequence[Any], nlead: int, dtype: Any) -> Any:
     first = arrays[0]
     if any(a.shape != first.shape or a.chunks[-2:] != first.chunks[-2:] or a.ndim != nlead + 2 for a in arrays):
         raise ValueError("stack_blocks needs arrays of one shape (leading dims, y, x) and the same y and x chunks")
-    dtype = np.dtype(dtype)
+    out_dtype = np.dtype(dtype)
     # per array and leading axis: output index -> (its block, the offset in that block)
-    places = []
+    places: list[list[list[tuple[int, int]]]] = []
     for array in arrays:
-        axes = []
+        axes: list[list[tuple[int, int]]] = []
         for chunks in array.chunks[:nlead]:
             axes.append([(k, offset) for k, size in enumerate(chunks) for offset in range(size)])
         places.append(axes)
-    name = "rasterflow-stack-" + dask.base.tokenize([a.name for a in arrays], nlead, dtype.str)
-    make = _StackTasks([a.name for a in arrays], places, dtype)
+    name = "rasterflow-stack-" + dask.base.tokenize([a.name for a in arrays], nlead, out_dtype.str)
+    make = _StackTasks([a.name for a in arrays], places, out_dtype)
     numblocks = first.shape[:nlead] + (1,) + first.numblocks[-2:]
     chunks = tuple((1,) * n for n in first.shape[:nlead]) + ((len(arrays),),) + first.chunks[-2:]
-    return lazy_array(name, numblocks, make, chunks, dtype, arrays, inline=True)
+    return lazy_array(name, numblocks, make, chunks, out_dtype, arrays, inline=True)
 
 
 class _StackTasks:
     """The task of block ``(*lead, 0, i, j)`` of :func:`stack_blocks`."""
 
-    def __init__(self, names: list[str], places: list[list[list[tuple[int, int]]]], dtype: Any):
+    def __init__(self, names: list[str], places: list[list[list[tuple[int, int]]]], dtype: np.dtype[Any]):
         self.names, self.places, self.dtype = names, places, dtype
 
-    def __call__(self, block: tuple[int, ...]) -> tuple:
+    def __call__(self, block: tuple[int, ...]) -> Task:
         lead, (i, j) = block[:-3], block[-2:]
-        keys, indices = [], []
+        keys: list[tuple[str | int, ...]] = []
+        indices: list[tuple[slice, ...]] = []
         for name, axes in zip(self.names, self.places):
             at = [axis[n] for axis, n in zip(axes, lead)]
             keys.append((name, *(k for k, _ in at), i, j))
@@ -157,7 +171,8 @@ class _StackTasks:
         return (_stacked, keys, indices, len(lead), self.dtype)
 
 
-def _stacked(blocks: list, indices: list[tuple], axis: int, dtype: Any) -> Any:
+def _stacked(blocks: list[npt.ArrayLike], indices: list[tuple[slice, ...]], axis: int,
+             dtype: np.dtype[Any]) -> npt.NDArray[Any]:
     import numpy as np
 
     return np.stack([np.asarray(block)[index].astype(dtype, copy=False) for block, index in zip(blocks, indices)],

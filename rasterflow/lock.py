@@ -25,9 +25,12 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rasterflow.errors import OutputLocationError, OutputLockedError
+
+if TYPE_CHECKING:
+    from filelock import BaseFileLock
 
 __all__ = ["OutputLock", "lock_path_for", "read_holder", "pid_alive"]
 
@@ -47,7 +50,7 @@ def lock_path_for(output_path: str) -> Path:
     return Path(directory or ".") / f".{name}{LOCK_SUFFIX}"
 
 
-def read_holder(path: str | os.PathLike) -> dict[str, Any]:
+def read_holder(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The holder record in a lock file (empty when unreadable or not yet written)."""
     try:
         data = json.loads(Path(path).read_text() or "{}")
@@ -116,7 +119,7 @@ def _location_error(output: str, directory: Path, err: OSError) -> OutputLocatio
         f"written. Change output.path to a folder you can write to (or fix the folder's permissions or mount)")
 
 
-def _locked_file_is_current(lock: Any, path: Path) -> bool:
+def _locked_file_is_current(lock: BaseFileLock, path: Path) -> bool:
     """Whether the file ``lock`` holds is still the one at ``path`` (a holder may delete it as it releases)."""
     fd = getattr(getattr(lock, "_context", None), "lock_file_fd", None)
     if fd is None:  # pragma: no cover - another filelock layout: trust it
@@ -152,7 +155,7 @@ class OutputLock:
     spec: str = ""
     path: Path = field(init=False)
     took_over: dict[str, Any] = field(default_factory=dict, init=False)
-    _lock: Any = field(default=None, init=False, repr=False)
+    _lock: BaseFileLock | None = field(default=None, init=False, repr=False)
     _made_dirs: list[Path] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:

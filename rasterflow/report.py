@@ -21,11 +21,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from rasterflow import compiled
 from rasterflow.atomic import write_text_atomic
 from rasterflow.units import format_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rasterflow.cluster.telemetry import MemorySampler
 
 __all__ = [
     "RunReport",
@@ -139,7 +142,7 @@ def default_report_path(output_path: str) -> str:
     return str(output_path).rstrip("/") + ".report.json"
 
 
-def thin_samples(samples: list[dict], max_points: int = MAX_MEMORY_SAMPLES) -> list[dict]:
+def thin_samples(samples: list[dict[str, Any]], max_points: int = MAX_MEMORY_SAMPLES) -> list[dict[str, Any]]:
     """At most about ``max_points`` samples, keeping every series' shape and peaks.
 
     Time is cut into equal windows; in each window each series (worker or client) keeps its highest-RSS sample.
@@ -151,7 +154,7 @@ def thin_samples(samples: list[dict], max_points: int = MAX_MEMORY_SAMPLES) -> l
     windows = max(1, max_points // max(1, len(series)))
     t0 = min(s["t"] for s in samples)
     span = max(s["t"] for s in samples) - t0 or 1.0
-    best: dict[tuple[str, int], dict] = {}
+    best: dict[tuple[str, int], dict[str, Any]] = {}
     for s in samples:
         index = min(windows - 1, int((s["t"] - t0) / span * windows))
         key = (s["worker"], index)
@@ -257,7 +260,7 @@ class RunReport:
             self.error = error
         return self
 
-    def record_memory(self, sampler: Any, *, max_points: int = MAX_MEMORY_SAMPLES) -> RunReport:
+    def record_memory(self, sampler: MemorySampler, *, max_points: int = MAX_MEMORY_SAMPLES) -> RunReport:
         """Take the measurements of a :class:`rasterflow.cluster.MemorySampler` (peaks from all samples)."""
         self.measured_peak_per_worker = {str(k): int(v) for k, v in sampler.peak_per_worker().items()}
         self.spilled_bytes = int(sampler.spilled_bytes_total())
@@ -282,7 +285,8 @@ class RunReport:
     # ---- reading and writing ----------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(dataclasses.asdict(self))
+        data: dict[str, Any] = _jsonable(dataclasses.asdict(self))
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
@@ -298,10 +302,10 @@ class RunReport:
         return cls.from_dict(json.loads(text))
 
     @classmethod
-    def read(cls, path: str | os.PathLike) -> RunReport:
+    def read(cls, path: str | os.PathLike[str]) -> RunReport:
         return cls.from_json(Path(path).read_text())
 
-    def write(self, path: str | os.PathLike) -> Path:
+    def write(self, path: str | os.PathLike[str]) -> Path:
         """Write the JSON atomically: serialise first, write a temporary file beside ``path``, then rename.
 
         The file gets the permissions of the outputs it sits beside (``0o666`` minus the umask) and is synced to the
@@ -394,7 +398,7 @@ class RunReport:
         return lines
 
 
-def _size_words(size: Any) -> str:
+def _size_words(size: int | None) -> str:
     return format_bytes(size) if size is not None else "size unknown"
 
 
@@ -414,7 +418,7 @@ class StageTimer:
         self,
         seconds: dict[str, float] | None = None,
         *,
-        on_start: Callable[[str], Any] | None = None,
+        on_start: Callable[[str], object] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ):
         self.seconds = seconds if seconds is not None else {}
@@ -444,7 +448,7 @@ def memory_plot_data(report: RunReport) -> dict[str, Any]:
     samples in order; ``thresholds``: name -> bytes (memory_limit times each fraction, plus ``limit``);
     ``predicted``: bytes or None; ``marks``: ``[(t, stage), ...]``.
     """
-    series: dict[str, dict[str, list]] = {}
+    series: dict[str, dict[str, list[float]]] = {}
     for s in report.memory_samples:
         line = series.setdefault(str(s["worker"]), {"t": [], "rss": [], "rss_peak": []})
         line["t"].append(float(s["t"]))
@@ -503,7 +507,7 @@ def mark_rows(marks: list[tuple[float, str]], t_min: float, t_max: float, *, cha
     return rows
 
 
-def plot_memory(report: RunReport, png_path: str | os.PathLike) -> Path:
+def plot_memory(report: RunReport, png_path: str | os.PathLike[str]) -> Path:
     """Save a PNG of RSS over time: one line per worker, the worker thresholds, the predicted peak, stage marks.
 
     The y axis fits the measured and predicted memory (:func:`plot_y_top`); thresholds above it are named in the

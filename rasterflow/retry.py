@@ -21,7 +21,14 @@ import contextlib
 import contextvars
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tenacity
+    from urllib3.response import BaseHTTPResponse
+    from urllib3.util.retry import Retry
+
+    from rasterflow.spec.models import SourceRetry
 
 __all__ = ["RetryPolicy", "DEFAULT_STATUSES", "urllib3_retry", "retrying", "using", "current"]
 
@@ -47,7 +54,7 @@ class RetryPolicy:
     """Seconds one request may take (connecting: at most 10 of them); a timeout is transient."""
 
     @classmethod
-    def from_spec(cls, retry: Any) -> RetryPolicy:
+    def from_spec(cls, retry: SourceRetry | None) -> RetryPolicy:
         """From the spec's ``source.retry`` section (None -> the defaults)."""
         if retry is None:
             return cls()
@@ -67,7 +74,7 @@ class RetryPolicy:
                 "max_delay": self.max_delay, "statuses": list(self.statuses), "timeout": self.timeout}
 
 
-def urllib3_retry(policy: RetryPolicy) -> Any:
+def urllib3_retry(policy: RetryPolicy) -> Retry:
     """A ``urllib3.Retry`` applying ``policy`` to every request of a requests session.
 
     ``allowed_methods=None`` retries every verb: pystac-client searches with POST, which urllib3 leaves alone by
@@ -80,7 +87,7 @@ def urllib3_retry(policy: RetryPolicy) -> Any:
         """A server's Retry-After, but never longer than the policy's max_delay (a misbehaving server must not park
         the run for an hour); urllib3 carries the subclass through each retry (``Retry.new``)."""
 
-        def get_retry_after(self, response: Any) -> float | None:
+        def get_retry_after(self, response: BaseHTTPResponse) -> float | None:
             seconds = super().get_retry_after(response)
             return None if seconds is None else min(seconds, policy.max_delay)
 
@@ -96,7 +103,7 @@ def urllib3_retry(policy: RetryPolicy) -> Any:
 
 
 def retrying(policy: RetryPolicy, is_transient: Callable[[BaseException], bool],
-             before_retry: Callable[[int, BaseException], None] | None = None) -> Any:
+             before_retry: Callable[[int, BaseException], None] | None = None) -> tenacity.Retrying:
     """A ``tenacity.Retrying`` that re-runs on transient errors (``is_transient``) up to ``policy.attempts``.
 
     ``before_retry(retry_number, error)`` runs before each new try (e.g. to clear a cached failure). The last error

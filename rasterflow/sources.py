@@ -25,7 +25,14 @@ import math
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyproj import Transformer
+    from rasterio.io import DatasetReader
+
+    from rasterflow.planning import GridPlan
+    from rasterflow.spec.models import AssetOverride
 
 __all__ = [
     "AssetRead", "AssetSource", "FileHeader", "compression_name", "SourceTable", "MissingAsset", "missing_assets", "resolve_sources",
@@ -112,7 +119,7 @@ class FileHeader:
     """The file's codec as GDAL names it (``ZSTD``, ``DEFLATE``, ``LZW``...; ``NONE`` uncompressed); None = unknown."""
 
 
-def compression_name(dataset: Any) -> str:
+def compression_name(dataset: DatasetReader) -> str:
     """An open rasterio dataset's codec: ``dataset.compression``'s GDAL name, ``NONE`` when uncompressed."""
     codec = getattr(dataset, "compression", None)
     return str(getattr(codec, "value", codec)).upper() if codec is not None else "NONE"
@@ -281,7 +288,8 @@ def _proj_field(item: Mapping[str, Any], asset: Mapping[str, Any], name: str) ->
     return value if value is not None else (item.get("properties") or {}).get(name)
 
 
-def footprint_on_grid(crs: str, transform: Sequence[float], shape: Sequence[int], grid: Any) -> tuple[int, int, int, int]:
+def footprint_on_grid(crs: str, transform: Sequence[float], shape: Sequence[int],
+                      grid: GridPlan) -> tuple[int, int, int, int]:
     """The file's bounding window on the output grid, clipped to it: ``(row0, row1, col0, col1)``."""
     a, b, c, d, e, f = (float(v) for v in transform[:6])
     rows, cols = int(shape[0]), int(shape[1])
@@ -316,7 +324,7 @@ def gc_paused() -> Iterator[None]:
 
 
 @functools.lru_cache(maxsize=256)
-def _transformer(src: str, dst: str) -> Any:
+def _transformer(src: str, dst: str) -> Transformer:
     """One pyproj ``Transformer`` per CRS pair: creating one costs ~35 ms (PROJ database lookups), which made a
     plan over 219,000 files (1,000 tiles × 73 dates × 3 assets) take two hours; a continent spans a few dozen
     UTM zones. Planning is single-threaded (a Transformer must not be shared between threads)."""
@@ -325,7 +333,7 @@ def _transformer(src: str, dst: str) -> Any:
     return Transformer.from_crs(src, dst, always_xy=True)
 
 
-def grid_offset(crs: str | None, transform: Sequence[float] | None, grid: Any) -> tuple[int, int] | None:
+def grid_offset(crs: str | None, transform: Sequence[float] | None, grid: GridPlan) -> tuple[int, int] | None:
     """``(row, col)`` of a file's first pixel on the output grid when its grid is the output grid (same CRS and
     resolution, north-up, whole-pixel offset); None when it needs warping."""
     if crs is None or transform is None or crs.upper() != grid.crs.upper():
@@ -347,8 +355,8 @@ def _format_value(value: float | None) -> str:
     return f"{value:g}"
 
 
-def resolve_sources(items: Sequence[Mapping[str, Any]], assets: Mapping[str, str], grid: Any, *,
-                    overrides: Mapping[str, Any] | None = None, working_dtype: str = "float32",
+def resolve_sources(items: Sequence[Mapping[str, Any]], assets: Mapping[str, str], grid: GridPlan, *,
+                    overrides: Mapping[str, AssetOverride] | None = None, working_dtype: str = "float32",
                     headers: Mapping[str, FileHeader] | None = None) -> SourceTable:
     """Resolve every item's assets: href, declared grid, data type, nodata, scale and offset, and per asset the
     dtype its planes load in.
@@ -377,7 +385,7 @@ def resolve_sources(items: Sequence[Mapping[str, Any]], assets: Mapping[str, str
     reads: list[list[AssetRead]] = [[] for _ in items]
     sources: list[AssetSource] = []
     warnings: list[str] = []
-    placements: dict[tuple, tuple[tuple[int, int, int, int], bool]] = {}
+    placements: dict[tuple[str, tuple[float, ...], tuple[int, int]], tuple[tuple[int, int, int, int], bool]] = {}
     for name, key in assets.items():
         override = overrides.get(name)
         applied: Counter[str] = Counter()

@@ -37,7 +37,7 @@ import math
 import os
 import posixpath
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from rasterflow.outputs import Existing, foreign_reason
 from rasterflow.write.common import (
@@ -49,6 +49,17 @@ from rasterflow.write.common import (
     path_size,
     remove,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    import dask.array as da
+    import xarray as xr
+
+    from rasterflow.layers import Task
+    from rasterflow.planning import JobPlan
+    from rasterflow.sources import AssetRead
+    from rasterflow.write.stac import StacContext
+
+_T = TypeVar("_T")
 
 __all__ = [
     "Tile", "TileLayout", "plan_tiles", "tile_directory", "inspect_tiles", "tiles_to_write", "write_tiles",
@@ -135,7 +146,8 @@ def tile_directory(output_path: str) -> str:
     return os.path.splitext(str(output_path).rstrip("/"))[0]
 
 
-def _touched(n_rows: int, n_cols: int, size: int, reads: Any) -> set[tuple[int, int]]:
+def _touched(n_rows: int, n_cols: int, size: int,
+             reads: Sequence[Sequence[AssetRead]] | None) -> set[tuple[int, int]]:
     """The tiles some input file's footprint touches (every tile when a file's footprint is unknown)."""
     if reads is None:
         return {(r, c) for r in range(n_rows) for c in range(n_cols)}
@@ -153,7 +165,8 @@ def _touched(n_rows: int, n_cols: int, size: int, reads: Any) -> set[tuple[int, 
     return touched
 
 
-def plan_tiles(output_path: str, fmt: str, size: int, plan: Any, coords: Mapping[str, Sequence[Any]]) -> TileLayout:
+def plan_tiles(output_path: str, fmt: str, size: int, plan: JobPlan,
+               coords: Mapping[str, Sequence[Any]]) -> TileLayout:
     """The tiles of a planned job's output (no I/O).
 
     Parameters
@@ -178,7 +191,8 @@ def plan_tiles(output_path: str, fmt: str, size: int, plan: Any, coords: Mapping
     touched = _touched(n_rows, n_cols, size, sources.reads if sources is not None else None)
     minx, _, _, maxy = (float(v) for v in grid.bounds)
     res = float(grid.resolution)
-    tiles, empty = [], []
+    tiles: list[Tile] = []
+    empty: list[str] = []
     for r in range(n_rows):
         for c in range(n_cols):
             name = f"{r:0{digits}d}_{c:0{digits}d}"
@@ -188,6 +202,7 @@ def plan_tiles(output_path: str, fmt: str, size: int, plan: Any, coords: Mapping
             rows = (r * size, min(height, (r + 1) * size))
             cols = (c * size, min(width, (c + 1) * size))
             path = _join(directory, name + suffix)
+            entries: tuple[tuple[Mapping[str, Any], str], ...]
             if fmt == "cog":
                 entries = tuple((labels, p) for _pos, labels, p in cog_entries(path, dict(coords)))
             else:
@@ -236,7 +251,7 @@ def _markers(layout: TileLayout) -> dict[str, dict[str, Any]]:
             names = os.listdir(folder)
     except (OSError, FileNotFoundError):
         return {}
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for name in names:
         if name.endswith(suffix) and not name.startswith("."):
             data = _read_json(_join(folder, name))
@@ -312,17 +327,19 @@ class TilesResult(WriteResult):
     """The STAC Item of every tile file (written now or kept)."""
 
 
-def _blocks(ds: Any, fmt: str) -> int:
+def _blocks(ds: xr.Dataset, fmt: str) -> int:
     """The progress units a writer reports for ``ds``: COG = leading entries x spatial chunks; Zarr = chunks of
     every variable."""
     names = list(ds.data_vars)
     if fmt == "zarr":
         return sum(math.prod(ds[n].data.numblocks) for n in names)
-    data = ds[names[0]].data
-    return math.prod(data.shape[:-2]) * math.prod(data.numblocks[-2:])
+    data: da.Array = ds[names[0]].data
+    leading: tuple[int, ...] = data.shape[:-2]
+    spatial: tuple[int, ...] = data.numblocks[-2:]
+    return math.prod(leading) * math.prod(spatial)
 
 
-def _same(block: Any) -> Any:
+def _same(block: _T) -> _T:
     return block
 
 
@@ -332,11 +349,11 @@ class _WindowTasks:
     def __init__(self, source: str, i0: int, j0: int):
         self.source, self.i0, self.j0 = source, i0, j0
 
-    def __call__(self, block: tuple[int, ...]) -> tuple:
+    def __call__(self, block: tuple[int, ...]) -> Task:
         return (_same, (self.source, *block[:-2], block[-2] + self.i0, block[-1] + self.j0))
 
 
-def window_of(dataset: Any, rows: tuple[int, int], cols: tuple[int, int]) -> Any:
+def window_of(dataset: xr.Dataset, rows: tuple[int, int], cols: tuple[int, int]) -> xr.Dataset:
     """``dataset.isel(y=slice(*rows), x=slice(*cols))``; a variable of rasterflow's own lazy arrays
     (:func:`rasterflow.layers.lazy_array`) cut on its chunks' edges stays one (a view of its blocks), so the writer
     submits its tasks itself rather than through Dask's slicing."""
@@ -362,9 +379,17 @@ def window_of(dataset: Any, rows: tuple[int, int], cols: tuple[int, int]) -> Any
     return window
 
 
-def write_tiles(dataset: Any, layout: TileLayout, todo: Sequence[Tile], kept: Sequence[Tile], *, fingerprint: str,
-                write_one: Callable[..., WriteResult], stac: Any, progress: Callable[[int, int], None] | None = None,
-                ) -> TilesResult:
+class WriteOne(Protocol):
+    """The format's writer with the run's options bound (``write_cog`` / ``write_zarr``), for one tile."""
+
+    def __call__(self, ds: xr.Dataset, path: str, *, overwrite: bool, progress: Callable[[int, int], None],
+                 file_metadata: Mapping[str, Mapping[str, Any]] | None) -> WriteResult:
+        ...
+
+
+def write_tiles(dataset: xr.Dataset, layout: TileLayout, todo: Sequence[Tile], kept: Sequence[Tile], *,
+                fingerprint: str, write_one: WriteOne, stac: StacContext,
+                progress: Callable[[int, int], None] | None = None) -> TilesResult:
     """Write each tile of ``todo`` with ``write_one``, one after the other, each atomically.
 
     Parameters
@@ -431,7 +456,7 @@ def _remove_stale(layout: TileLayout) -> list[str]:
     from rasterflow.write.stac import item_path
 
     current = {t.name for t in layout.tiles}
-    removed = []
+    removed: list[str] = []
     for name, marker in _markers(layout).items():
         if name in current:
             continue
@@ -445,7 +470,7 @@ def _remove_stale(layout: TileLayout) -> list[str]:
     return removed
 
 
-def finish_tiles(layout: TileLayout, result: TilesResult, stac: Any, *, band_names: Sequence[str],
+def finish_tiles(layout: TileLayout, result: TilesResult, stac: StacContext, *, band_names: Sequence[str],
                  blocksize: int = 512) -> tuple[str, ...]:
     """After every tile: remove stale tiles of earlier jobs, write the VRT mosaic(s) (COG) and the Collection.
 
@@ -455,7 +480,7 @@ def finish_tiles(layout: TileLayout, result: TilesResult, stac: Any, *, band_nam
     from rasterflow.write.vrt import VrtSource, vrt_text
 
     _remove_stale(layout)
-    vrts = []
+    vrts: list[str] = []
     if layout.fmt == "cog":
         grid = stac.plan.grid
         encoding = stac.encoding

@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import json
 from datetime import datetime
+from typing import Any
 
 from rasterflow.catalog.api import DEFAULT_PAGE_SIZE, DEFAULT_TIMEOUT, _search_api
 from rasterflow.catalog.local import (
@@ -115,7 +116,7 @@ def _describe(q: StacQuery, interval_text: str | None) -> list[str]:
     return lines
 
 
-def _items_extent(items: list[dict], collections: tuple[str, ...] | list[str] | None) -> tuple[float, float, float, float] | None:
+def _items_extent(items: list[dict[str, Any]], collections: tuple[str, ...] | list[str] | None) -> tuple[float, float, float, float] | None:
     """The union of the items' bboxes (of the searched collections), or None when none has one."""
     boxes = [box for item in items if not collections or item.get("collection") in collections
              for box in [_item_bbox(item)] if box is not None]
@@ -124,7 +125,7 @@ def _items_extent(items: list[dict], collections: tuple[str, ...] | list[str] | 
     return (min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes))
 
 
-def _no_items_message(q: StacQuery, interval_text: str | None, local: list[dict] | None) -> str:
+def _no_items_message(q: StacQuery, interval_text: str | None, local: list[dict[str, Any]] | None) -> str:
     lines = ["the STAC search matched no items:", *_describe(q, interval_text)]
     if local is not None:
         present = sorted({str(i.get("collection")) for i in local})
@@ -163,7 +164,7 @@ def search_items(
     now: datetime | None = None,
     page_size: int = DEFAULT_PAGE_SIZE,
     timeout: float = DEFAULT_TIMEOUT,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Search ``q.catalog`` and return the matching items as plain dicts, sorted by ``(datetime, id)``.
 
     ``now`` anchors relative datetime windows (default: the current time). ``page_size`` is the ``limit`` asked of
@@ -181,8 +182,8 @@ def search_items(
 
 
 def _search(q: StacQuery, interval: tuple[datetime | None, datetime | None] | None, interval_text: str | None,
-            catalog: str, page_size: int, timeout: float) -> list[dict]:
-    local_all: list[dict] | None = None
+            catalog: str, page_size: int, timeout: float) -> list[dict[str, Any]]:
+    local_all: list[dict[str, Any]] | None = None
     if _is_url(catalog):
         items = _search_api(q, interval, page_size, timeout)
     else:
@@ -190,7 +191,7 @@ def _search(q: StacQuery, interval: tuple[datetime | None, datetime | None] | No
         items = _filter_local(local_all, q, interval)
 
     # One order for both paths; max_items keeps the N most recent = the first N of (datetime desc, id desc).
-    unique: dict[tuple[object, object], dict] = {}
+    unique: dict[tuple[object, object], dict[str, Any]] = {}
     for item in items:
         unique.setdefault((item.get("collection"), item.get("id")), item)
     items = sorted(unique.values(), key=_sort_key)

@@ -72,7 +72,7 @@ def _search_api(
     interval: tuple[datetime | None, datetime | None] | None,
     page_size: int,
     timeout: float,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     from pystac_client import Client
     from pystac_client.stac_api_io import StacApiIO
     from pystac_client.warnings import DoesNotConformTo

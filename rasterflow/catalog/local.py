@@ -49,7 +49,7 @@ def _local_path(catalog: str) -> Path:
     return Path(catalog).expanduser()
 
 
-def _items_from_value(value: Any, path: Path) -> list[dict]:
+def _items_from_value(value: Any, path: Path) -> list[dict[str, Any]]:
     if isinstance(value, list):
         items = value
     elif isinstance(value, dict) and value.get("type") == "Feature":
@@ -66,14 +66,14 @@ def _items_from_value(value: Any, path: Path) -> list[dict]:
     return items
 
 
-def _check_items(items: list, path: Path, where: str = "item") -> list[dict]:
+def _check_items(items: list[Any], path: Path, where: str = "item") -> list[dict[str, Any]]:
     for n, item in enumerate(items, 1):
         if not isinstance(item, dict) or item.get("type") != "Feature" or "id" not in item:
             raise CatalogError(f"{path}: {where} {n} is not a STAC item (a GeoJSON Feature with an id)")
     return items
 
 
-def read_local_items(path: Path) -> list[dict]:
+def read_local_items(path: Path) -> list[dict[str, Any]]:
     """Every item in a local ``.json`` / ``.ndjson`` / ``.parquet`` file, as plain dicts."""
     suffix = path.suffix.lower()
     if suffix not in SUPPORTED_SUFFIXES:
@@ -105,7 +105,7 @@ def read_local_items(path: Path) -> list[dict]:
         return _read_ndjson(path)
 
 
-def _read_ndjson(path: Path) -> list[dict]:
+def _read_ndjson(path: Path) -> list[dict[str, Any]]:
     """One item per line, read line by line (the file's text is never held whole: 131 MB for 73,000 items)."""
     items = []
     try:
@@ -126,10 +126,10 @@ def _read_ndjson(path: Path) -> list[dict]:
 
 
 def _filter_local(
-    items: Iterable[dict],
+    items: Iterable[dict[str, Any]],
     q: StacQuery,
     interval: tuple[datetime | None, datetime | None] | None,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     collections = set(q.collections)
     if q.query:
         _check_query(q.query)

@@ -41,7 +41,7 @@ def source_header(items: Sequence[Mapping[str, Any]], asset_key: str,
                 tile = tuple(src.block_shapes[0]) if src.profile.get("tiled", False) else None
                 nodata = None if src.nodata is None else float(src.nodata)
                 return FileHeader(href=str(href), data_type=str(src.dtypes[0]), nodata=nodata,
-                                  band_count=int(src.count), tile_shape=tile,  # type: ignore[arg-type]
+                                  band_count=int(src.count), tile_shape=tile,
                                   compression=compression_name(src))
         except Exception:  # noqa: BLE001 - a header that cannot be read only costs the probe
             return None

@@ -13,7 +13,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import cql2
 
 from rasterflow.errors import CatalogError
 from rasterflow.spec.timeparse import (
@@ -174,7 +177,7 @@ def _item_bbox(item: Mapping[str, Any]) -> tuple[float, float, float, float] | N
     if bbox and len(bbox) in (4, 6):
         if len(bbox) == 6:
             return bbox[0], bbox[1], bbox[3], bbox[4]
-        return tuple(bbox)  # type: ignore[return-value]
+        return tuple(bbox)
     geom = item.get("geometry")
     if not geom:
         return None
@@ -246,7 +249,9 @@ def _query_op(value: Any, op: str, operand: Any) -> bool:
     if op in ("lt", "lte", "gt", "gte"):
         if not _comparable(value, operand):
             return False
-        return {"lt": value < operand, "lte": value <= operand, "gt": value > operand, "gte": value >= operand}[op]
+        compared: dict[str, bool] = {"lt": value < operand, "lte": value <= operand, "gt": value > operand,
+                                     "gte": value >= operand}
+        return compared[op]
     if op == "startsWith":
         return isinstance(value, str) and value.startswith(operand)
     if op == "endsWith":
@@ -310,7 +315,7 @@ def query_to_cql2(query: Mapping[str, Any]) -> dict[str, Any]:
     return args[0] if len(args) == 1 else {"op": "and", "args": args}
 
 
-def _parse_filter(value: Mapping[str, Any] | str):
+def _parse_filter(value: Mapping[str, Any] | str) -> cql2.Expr:
     """A ``cql2.Expr`` from cql2-text or cql2-json, or a :class:`CatalogError` saying what is wrong."""
     import cql2
 
@@ -323,7 +328,7 @@ def _parse_filter(value: Mapping[str, Any] | str):
         raise CatalogError(f"filter: invalid {kind} {value!r}: {exc}") from None
 
 
-def _matches_filter(expr, item: Mapping[str, Any]) -> bool:
+def _matches_filter(expr: cql2.Expr, item: Mapping[str, Any]) -> bool:
     try:
         return bool(expr.matches(dict(item)))
     except Exception:  # noqa: BLE001 - e.g. "Could not reduce expression to boolean" for a property the item lacks

@@ -16,7 +16,7 @@ import logging
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from rasterflow.cluster.settings import ClusterSettings, connect, resolve_address
 from rasterflow.cluster.workerenv import (
@@ -34,6 +34,9 @@ from rasterflow.errors import ClusterError
 from rasterflow.sizing import WorkerLayout
 from rasterflow.units import format_bytes
 
+if TYPE_CHECKING:  # pragma: no cover
+    from distributed import Client, LocalCluster
+
 __all__ = ["ClusterHandle", "open_cluster"]
 
 log = logging.getLogger(__name__)
@@ -43,7 +46,7 @@ log = logging.getLogger(__name__)
 class ClusterHandle:
     """An open cluster: the client to compute with and what it runs on."""
 
-    client: Any
+    client: Client
     """The ``distributed.Client`` (set as the default client while the cluster is open)."""
     layout: WorkerLayout
     dashboard_link: str | None
@@ -66,7 +69,7 @@ class ClusterHandle:
         }
 
 
-def _dashboard_link(client: Any) -> str | None:
+def _dashboard_link(client: Client) -> str | None:
     if importlib.util.find_spec("bokeh") is None:  # the HTTP server is up, but it serves no dashboard
         return None
     try:
@@ -76,7 +79,7 @@ def _dashboard_link(client: Any) -> str | None:
     return link or None
 
 
-def _start_local(settings: ClusterSettings, layout: WorkerLayout) -> tuple[Any, Any]:
+def _start_local(settings: ClusterSettings, layout: WorkerLayout) -> tuple[LocalCluster, Client]:
     import dask
     from distributed import Client, LocalCluster
 
@@ -121,7 +124,7 @@ def _start_local(settings: ClusterSettings, layout: WorkerLayout) -> tuple[Any, 
     return cluster, client
 
 
-def _start_in_process(settings: ClusterSettings, layout: WorkerLayout) -> tuple[Any, Any, int | None]:
+def _start_in_process(settings: ClusterSettings, layout: WorkerLayout) -> tuple[LocalCluster, Client, int]:
     """One worker in this process (``LocalCluster(processes=False)``): its threads run the tasks, beside the client
     and the scheduler; no worker process, no second interpreter, no per-worker imports. Returns the cluster, the
     client and GDAL's previous block cache size (put back by :func:`open_cluster`).
@@ -173,7 +176,7 @@ def _start_in_process(settings: ClusterSettings, layout: WorkerLayout) -> tuple[
     return cluster, client, previous_cache
 
 
-def _check_worker_versions(client: Any, address: str) -> None:
+def _check_worker_versions(client: Client, address: str) -> None:
     """Every worker of an existing cluster must import this rasterflow: its tasks call rasterflow's own functions,
     and another version could compute another result."""
     from rasterflow import __version__
@@ -199,7 +202,7 @@ def _check_worker_versions(client: Any, address: str) -> None:
         )
 
 
-def _register_gdal_cache(client: Any, nbytes: int) -> str:
+def _register_gdal_cache(client: Client, nbytes: int) -> str:
     """Put the spec's GDAL block cache size on every worker, also on workers that join later; returns the plugin's
     name. A LocalCluster's workers get it in their environment instead (:func:`_start_local`)."""
     import uuid
@@ -237,11 +240,14 @@ def open_cluster(settings: ClusterSettings, layout: WorkerLayout) -> Iterator[Cl
         try:
             _check_worker_versions(client, address)
             plugin = _register_gdal_cache(client, settings.gdal_cachemax)
+            scheduler = client.scheduler
+            # a connected client's (connect returns only once the scheduler answered)
+            assert scheduler is not None and scheduler.address is not None
             yield ClusterHandle(
                 client=client,
                 layout=layout,
                 dashboard_link=_dashboard_link(client),
-                address=client.scheduler.address,
+                address=scheduler.address,
                 is_local=False,
             )
         finally:

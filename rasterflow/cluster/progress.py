@@ -9,17 +9,22 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:  # pragma: no cover
+    from distributed import Client, Future
+    from rich.progress import Progress, TaskID
 
 __all__ = ["ProgressReporter", "CountingProgress", "progress"]
 
 _FAILED = frozenset({"error", "cancelled", "lost"})
 
 
-def _futures_of(futures_or_collection: Any, client: Any = None) -> tuple[list[Any], Any]:
-    """Futures to follow and the object to hand back (persisting a lazy collection with ``client`` if needed)."""
+def _futures_of(futures_or_collection: Any, client: Client | None = None) -> tuple[list[Future[Any]], Any]:
+    """Futures to follow and the object to hand back (persisting a lazy collection with ``client`` if needed):
+    ``futures_or_collection`` is a Future, an iterable of Futures or a Dask collection."""
+    from dask.base import is_dask_collection
     from distributed import Future, futures_of
-    from dask import is_dask_collection
 
     obj = futures_or_collection
     if isinstance(obj, Future):
@@ -50,7 +55,7 @@ class ProgressReporter:
 
     def __init__(
         self,
-        futures: list[Any],
+        futures: list[Future[Any]],
         *,
         interactive: bool | None = None,
         interval: float | None = None,
@@ -75,8 +80,8 @@ class ProgressReporter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
-        self._bar: Any = None
-        self._bar_task: Any = None
+        self._bar: Progress | None = None
+        self._bar_task: TaskID | None = None
 
     @property
     def total(self) -> int:
@@ -112,7 +117,7 @@ class ProgressReporter:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._bar = Progress(
+            bar = Progress(
                 TextColumn(f"[bold]{self.label}"),
                 BarColumn(),
                 MofNCompleteColumn(),
@@ -120,8 +125,8 @@ class ProgressReporter:
                 console=Console(file=self.stream),
                 transient=False,
             )
-            self._bar.start()
-            self._bar_task = self._bar.add_task(self.label, total=self.total)
+            bar.start()
+            self._bar, self._bar_task = bar, bar.add_task(self.label, total=self.total)
         self._thread = threading.Thread(target=self._loop, name="rasterflow-progress", daemon=True)
         self._thread.start()
         return self
@@ -133,12 +138,17 @@ class ProgressReporter:
             done, failed = self.counts()
             finished = done + failed >= self.total
             if self.interactive:
-                self._bar.update(self._bar_task, completed=done)
+                self._update_bar(completed=done)
             elif time.monotonic() - last_line >= self.interval and not finished:
                 self._emit(done, failed)
                 last_line = time.monotonic()
             if finished or self._stop.wait(poll):
                 return
+
+    def _update_bar(self, **fields: Any) -> None:
+        """Move the bar (interactive: :meth:`start` made it)."""
+        assert self._bar is not None and self._bar_task is not None
+        self._bar.update(self._bar_task, **fields)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every future is done (or ``timeout``); True if all are done."""
@@ -157,7 +167,8 @@ class ProgressReporter:
         self._thread.join()
         done, failed = self.counts()
         if self.interactive:
-            self._bar.update(self._bar_task, completed=done)
+            self._update_bar(completed=done)
+            assert self._bar is not None
             self._bar.stop()
         else:
             self._emit(done, failed, stopped=stopped)
@@ -198,7 +209,7 @@ class CountingProgress(ProgressReporter):
         last_line = time.monotonic()
         while not self._stop.wait(poll):
             if self.interactive:
-                self._bar.update(self._bar_task, completed=self._done, total=self._total)
+                self._update_bar(completed=self._done, total=self._total)
             elif time.monotonic() - last_line >= self.interval:
                 self._emit(self._done, 0)
                 last_line = time.monotonic()
@@ -206,7 +217,7 @@ class CountingProgress(ProgressReporter):
 
 def progress(
     futures_or_collection: Any,
-    client: Any = None,
+    client: Client | None = None,
     *,
     interactive: bool | None = None,
     interval: float | None = None,
@@ -214,6 +225,8 @@ def progress(
     label: str = "tasks",
 ) -> Any:
     """Show progress until every future is done; returns the futures or the persisted collection.
+
+    ``futures_or_collection``: a Future, an iterable of Futures or a Dask collection.
 
     A lazy Dask collection is persisted with ``client`` first. Failures are counted, not raised: gather the results
     to see the exception.

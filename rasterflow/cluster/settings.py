@@ -11,10 +11,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rasterflow.errors import ClusterError
-from rasterflow.sizing import WorkerLayout
+from rasterflow.sizing import MachineInfo, WorkerLayout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from distributed import Client
+
+    from rasterflow.planning import ClusterPlan
+    from rasterflow.spec.models import Cluster
 
 __all__ = [
     "ADDRESS_ENV",
@@ -54,14 +60,14 @@ class ClusterSettings:
     :func:`local_run_layout`."""
 
     @classmethod
-    def from_spec(cls, cluster: Any, gdal_cachemax: int | None = None) -> ClusterSettings:
-        """Build from the validated spec's ``cluster`` section (any object with the same attribute names);
+    def from_spec(cls, cluster: Cluster | ClusterPlan, gdal_cachemax: int | None = None) -> ClusterSettings:
+        """Build from the validated spec's ``cluster`` section (or the plan's, with the same attribute names);
         ``gdal_cachemax``: the plan's (``auto`` resolved, :attr:`rasterflow.planning.JobPlan.gdal_cachemax`), else the
         spec's size, or for ``auto`` without a plan the default."""
         from rasterflow.budget import spec_gdal_cachemax
 
         memory = getattr(cluster, "memory", None)
-        thresholds = {}
+        thresholds: dict[str, float] = {}
         if memory is not None:
             thresholds = {
                 "memory_target": float(memory.target),
@@ -88,7 +94,7 @@ def resolve_address(settings: ClusterSettings) -> str | None:
     return os.environ.get(ADDRESS_ENV) or None
 
 
-def local_run_layout(settings: ClusterSettings, machine: Any = None) -> WorkerLayout:
+def local_run_layout(settings: ClusterSettings, machine: MachineInfo | None = None) -> WorkerLayout:
     """The layout of a run on this machine: worker processes or one process, as ``settings.processes`` says
     (:func:`rasterflow.sizing.size_local_run`; ``machine`` default: this one)."""
     from rasterflow.sizing import local_machine, size_local_run
@@ -98,7 +104,8 @@ def local_run_layout(settings: ClusterSettings, machine: Any = None) -> WorkerLa
                           processes=settings.processes)
 
 
-def process_fallback(settings: ClusterSettings, layout: WorkerLayout, machine: Any = None) -> WorkerLayout | None:
+def process_fallback(settings: ClusterSettings, layout: WorkerLayout,
+                     machine: MachineInfo | None = None) -> WorkerLayout | None:
     """``processes: auto`` chose one process (``layout``) and the job's budget refused it: the worker processes'
     layout to plan again with; None when there is nothing to fall back to (the layout was asked for, or is not a
     one-process one)."""
@@ -118,7 +125,7 @@ def _unreachable(address: str, timeout: float, exc: BaseException) -> ClusterErr
     )
 
 
-def connect(address: str, timeout: float, *, set_as_default: bool) -> Any:
+def connect(address: str, timeout: float, *, set_as_default: bool) -> Client:
     """A ``distributed.Client`` of the scheduler at ``address``.
 
     Raises
@@ -134,7 +141,7 @@ def connect(address: str, timeout: float, *, set_as_default: bool) -> Any:
         raise _unreachable(address, timeout, exc) from exc
 
 
-def _layout_from_info(info: dict, address: str) -> WorkerLayout:
+def _layout_from_info(info: dict[str, Any], address: str) -> WorkerLayout:
     workers = info.get("workers") or {}
     if not workers:
         raise ClusterError(

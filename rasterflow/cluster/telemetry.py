@@ -11,7 +11,10 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from distributed import Client, Worker
 
 __all__ = ["MemorySampler", "process_peak_since_sample", "CLIENT", "IN_PROCESS"]
 
@@ -25,13 +28,13 @@ IN_PROCESS = "process"
 the whole process's memory, client and scheduler included, so no separate client sample is taken."""
 
 
-def _make_worker_probe(track_peaks: bool) -> Callable[..., dict]:
+def _make_worker_probe(track_peaks: bool) -> Callable[[Worker], dict[str, int]]:
     """The function :class:`MemorySampler` runs in each worker.
 
     Defined as a closure so cloudpickle ships it by value: a remote cluster's workers need not have rasterflow.
     """
 
-    def probe(dask_worker: Any) -> dict:
+    def probe(dask_worker: Worker) -> dict[str, int]:
         import os
         import re
 
@@ -53,7 +56,7 @@ def _make_worker_probe(track_peaks: bool) -> Callable[..., dict]:
                 pass
         data = dask_worker.data
         try:
-            spilled, _disk = data.spilled_total
+            spilled, _disk = data.spilled_total  # type: ignore[attr-defined]  # a SpillBuffer's; a dict has none
         except AttributeError:  # spilling disabled: a plain dict
             spilled = 0
         metrics = getattr(data, "cumulative_metrics", None) or {}
@@ -106,12 +109,12 @@ class MemorySampler:
     (sizeof of the data currently spilled to disk), ``spill_written`` (bytes ever written to disk by spilling).
     """
 
-    def __init__(self, client: Any, interval: float = 0.25, *, track_peaks: bool = True, sample_client: bool = True):
+    def __init__(self, client: Client, interval: float = 0.25, *, track_peaks: bool = True, sample_client: bool = True):
         self.client = client
         self.interval = float(interval)
         self.track_peaks = track_peaks
         self.sample_client = sample_client
-        self.samples: list[dict] = []
+        self.samples: list[dict[str, Any]] = []
         self.marks: list[tuple[float, str]] = []
         self.errors = 0
         self._probe = _make_worker_probe(track_peaks)
@@ -137,7 +140,7 @@ class MemorySampler:
         before = self._now()
         results = self.client.run(self._probe, on_error="return")
         t = round((before + self._now()) / 2, 4)
-        rows = []
+        rows: list[dict[str, Any]] = []
         in_process = False
         for worker, result in sorted(results.items()):
             if isinstance(result, BaseException):

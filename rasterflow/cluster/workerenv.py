@@ -159,11 +159,11 @@ def main_not_rerun() -> Iterator[None]:
         return
     missing = object()
     previous = main.__dict__.get("__spec__", missing)
-    main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)  # type: ignore[assignment]
+    main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)
     try:
         yield
     finally:
         if previous is missing:
             main.__dict__.pop("__spec__", None)
         else:
-            main.__spec__ = previous  # type: ignore[assignment]
+            main.__spec__ = previous

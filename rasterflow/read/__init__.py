@@ -22,7 +22,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,6 +35,12 @@ from rasterflow.read.remote import Failure, ReadFailedError, classify, is_remote
 from rasterflow.read.tiles import TileIndex, read_window, tile_index
 from rasterflow.retry import retrying
 from rasterflow.sources import AssetRead, AssetSource, FileHeader, compression_name, grid_offset
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy.typing as npt
+    from rasterio.io import DatasetReader
+
+    from rasterflow.planning import GridPlan
 
 __all__ = ["ReadJob", "read_planes", "item_stream", "gdal_env", "read_asset", "read_header", "header_reader", "GDAL_OPEN_OPTIONS"]
 
@@ -53,7 +59,7 @@ class ReadJob:
     reads: tuple[tuple[AssetRead | None, ...], ...]
     """``[item][asset]`` in the order of ``assets``."""
     assets: tuple[AssetSource, ...]
-    grid: Any
+    grid: GridPlan
     """The output :class:`~rasterflow.planning.GridPlan`."""
     resampling: str
     policy: ReadPolicy | None = None
@@ -111,7 +117,8 @@ def read_planes(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], *, i
 
 def _new_planes(job: ReadJob, height: int, width: int) -> Planes:
     n_items = len(job.reads)
-    raw, covered = [], []
+    raw: list[npt.NDArray[Any]] = []
+    covered: list[npt.NDArray[np.bool_] | None] = []
     nodata = np.full((n_items, len(job.assets)), np.nan)
     scale = np.ones((n_items, len(job.assets)))
     offset = np.zeros((n_items, len(job.assets)))
@@ -188,8 +195,8 @@ def _read_into(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], plane
                 scale[t, a], offset[t, a] = 1.0, 0.0
 
 
-def _read_prefetched(read: AssetRead, rows: tuple[int, int], cols: tuple[int, int], out: np.ndarray,
-                     covered: np.ndarray | None, policy: ReadPolicy) -> tuple[bool, float | None]:
+def _read_prefetched(read: AssetRead, rows: tuple[int, int], cols: tuple[int, int], out: npt.NDArray[Any],
+                     covered: npt.NDArray[np.bool_] | None, policy: ReadPolicy) -> tuple[bool, float | None]:
     """Read through the task's concurrent remote reads (:mod:`rasterflow.read.prefetch`) when it planned this
     file and window: ``(True, the file's nodata)``; else ``(False, None)`` (GDAL reads it)."""
     session = prefetch.active()
@@ -240,8 +247,8 @@ class _Tries:
         forget(self.read.href)
 
 
-def read_asset(read: AssetRead, grid: Any, resampling: str, fill: float | None, rows: tuple[int, int],
-               cols: tuple[int, int], out: np.ndarray, covered: np.ndarray | None, *,
+def read_asset(read: AssetRead, grid: GridPlan, resampling: str, fill: float | None, rows: tuple[int, int],
+               cols: tuple[int, int], out: npt.NDArray[Any], covered: npt.NDArray[np.bool_] | None, *,
                policy: ReadPolicy | None = None) -> None:
     """Read one file's part of the output window into ``out`` (a ``(y, x)`` plane); mark ``covered`` pixels.
 
@@ -285,8 +292,9 @@ def read_asset(read: AssetRead, grid: Any, resampling: str, fill: float | None, 
         raise err from None
 
 
-def _read_once(read: AssetRead, grid: Any, resampling: str, fill: float | None, rows: tuple[int, int],
-               cols: tuple[int, int], out: np.ndarray, covered: np.ndarray | None, policy: ReadPolicy, *,
+def _read_once(read: AssetRead, grid: GridPlan, resampling: str, fill: float | None, rows: tuple[int, int],
+               cols: tuple[int, int], out: npt.NDArray[Any], covered: npt.NDArray[np.bool_] | None,
+               policy: ReadPolicy, *,
                fresh: bool, previous: Failure | None) -> None:
     from rasterio.windows import Window
 
@@ -319,8 +327,8 @@ def _read_once(read: AssetRead, grid: Any, resampling: str, fill: float | None, 
         raise failure_error("read", read, failure) from None
 
 
-def _read_direct(dataset: Any, tiles: TileIndex | None, file_dtype: np.dtype, row: int, col: int,
-                 target: np.ndarray) -> None:
+def _read_direct(dataset: DatasetReader, tiles: TileIndex | None, file_dtype: np.dtype[Any], row: int, col: int,
+                 target: npt.NDArray[Any]) -> None:
     """The file's pixels from ``row``, ``col`` into ``target``: decoded from its tiles where
     :mod:`rasterflow.read.tiles` can (no decoder kept per open file), else by GDAL."""
     from rasterio.windows import Window
@@ -338,12 +346,14 @@ def _read_direct(dataset: Any, tiles: TileIndex | None, file_dtype: np.dtype, ro
 _facts = threading.local()
 
 
-def _file_facts(dataset: Any, grid: Any, href: str) -> tuple[tuple[int, int] | None, np.dtype, TileIndex | None]:
+def _file_facts(dataset: DatasetReader, grid: GridPlan,
+                href: str) -> tuple[tuple[int, int] | None, np.dtype[Any], TileIndex | None]:
     """:func:`_direct_offset`, the data type and the tile index (:func:`rasterflow.read.tiles.tile_index`, None:
     GDAL reads the file) of an open dataset, worked out once per dataset and grid in this thread (a task reads one
     window of the same open file per item and sub-block; asking GDAL for its CRS string every time was ~4% of a
     task)."""
-    known: dict[Any, Any] | None = getattr(_facts, "known", None)
+    # (id(dataset), grid) -> (dataset, *facts)
+    known: dict[tuple[int, GridPlan], tuple[Any, ...]] | None = getattr(_facts, "known", None)
     if known is None or len(known) > 4096:
         known = _facts.known = {}
     key = (id(dataset), grid)
@@ -360,7 +370,7 @@ def _file_facts(dataset: Any, grid: Any, href: str) -> tuple[tuple[int, int] | N
     return facts
 
 
-def _direct_offset(dataset: Any, grid: Any) -> tuple[int, int] | None:
+def _direct_offset(dataset: DatasetReader, grid: GridPlan) -> tuple[int, int] | None:
     """Where the file's first pixel lies on the output grid, from the file itself (see :func:`grid_offset`)."""
     crs = dataset.crs.to_string() if dataset.crs is not None else None
     return grid_offset(crs, tuple(dataset.transform)[:6], grid)
@@ -372,16 +382,17 @@ def read_header(read: AssetRead, policy: ReadPolicy | None = None) -> FileHeader
     :class:`~rasterflow.errors.SourceReadError` naming the file."""
     policy = policy or current_policy()
     tries = _Tries(read, policy, count=False)  # plan time: the run's read statistics start with the workers
-    dataset: Any = None
+    dataset: DatasetReader | None = None
     for trying in retrying(policy.retry, tries.transient, tries.before_retry):
         with trying:
             attempt = trying.retry_state.attempt_number
             dataset = open_source(read, fresh=attempt > 1, policy=policy, previous=tries.last)
+    assert dataset is not None  # the tries end in an open dataset or raise the last error
     try:
         tile = tuple(dataset.block_shapes[0]) if dataset.profile.get("tiled", False) else None
         return FileHeader(href=read.href, data_type=str(dataset.dtypes[0]),
                           nodata=None if dataset.nodata is None else float(dataset.nodata),
-                          band_count=int(dataset.count), tile_shape=tile,  # type: ignore[arg-type]
+                          band_count=int(dataset.count), tile_shape=tile,
                           compression=compression_name(dataset))
     finally:
         forget(read.href)  # planning runs in the client: keep no handle there

@@ -12,9 +12,13 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rasterflow.read.tiles import TileIndex, page_index
+
+if TYPE_CHECKING:  # pragma: no cover
+    from _typeshed import WriteableBuffer
+    from tifffile import TiffFile, TiffPage
 
 __all__ = ["HEADER_BYTES", "RemoteTiff", "parse_header", "FileFacts"]
 
@@ -86,7 +90,7 @@ class _RangeFile(io.RawIOBase):
     def tell(self) -> int:
         return self.position
 
-    def readinto(self, buffer: Any) -> int:
+    def readinto(self, buffer: WriteableBuffer) -> int:
         view = memoryview(buffer).cast("B")
         wanted = min(len(view), max(0, self.size - self.position))
         done = 0
@@ -118,6 +122,7 @@ def parse_header(href: str, first: bytes, size: int | None, fetch: Callable[[int
 
     handle = _RangeFile(first, size, fetch)
     try:
+        # tifffile reads any seekable binary file, which typeshed's RawIOBase is, though not an IO[bytes]
         with tifffile.TiffFile(handle, name=href.rsplit("/", 1)[-1] or "remote.tif") as tif:  # type: ignore[arg-type]
             page = tif.pages.first
             facts = _facts(tif, page)
@@ -136,7 +141,7 @@ def parse_header(href: str, first: bytes, size: int | None, fetch: Callable[[int
     return RemoteTiff(href=href, size=size, facts=facts, index=index, why_gdal=why)
 
 
-def _facts(tif: Any, page: Any) -> FileFacts:
+def _facts(tif: TiffFile, page: TiffPage) -> FileFacts:
     import numpy as np
 
     count = int(page.samplesperpixel)
@@ -160,7 +165,7 @@ def _facts(tif: Any, page: Any) -> FileFacts:
                      codec=codec, compressed_bytes_per_pixel=packed)
 
 
-def _georeference(tif: Any, page: Any) -> tuple[str | None, tuple[float, float, float, float, float, float] | None]:
+def _georeference(tif: TiffFile, page: TiffPage) -> tuple[str | None, tuple[float, float, float, float, float, float] | None]:
     """``EPSG:nnnn`` and the affine transform (GDAL's order, pixel corners) from the GeoTIFF keys, or None where
     they say something GDAL would interpret further (pixel-is-point, a user-defined CRS, a rotation)."""
     if not page.is_geotiff:

@@ -12,13 +12,21 @@ import math
 import os
 import threading
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
 
 from rasterflow.errors import SourceMismatchError, SourceReadError
 from rasterflow.gdalenv import REMOTE_READ_DEFAULTS, VSI_CACHE_SIZE  # noqa: F401  (VSI_CACHE_SIZE: re-exported)
 from rasterflow.read.policy import ReadPolicy, current_policy
 from rasterflow.read.remote import Failure, ReadFailedError, cache_busting_options, classify, is_remote, vsi_path
 from rasterflow.sources import AssetRead
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rasterio.crs import CRS
+    from rasterio.io import DatasetReader
+    from rasterio.vrt import WarpedVRT
+
+    from rasterflow.planning import GridPlan
 
 __all__ = ["MAX_OPEN_PER_THREAD", "GDAL_OPEN_OPTIONS", "open_options", "open_source", "warped_source", "reason", "clear_cache",
            "open_count", "forget", "failure_error", "check_facts", "signed_href"]
@@ -35,8 +43,9 @@ small per-file cache, merged ranges, HTTP/2 multiplexing, no silent GDAL retries
 _local = threading.local()
 
 
-def _cache() -> OrderedDict[Any, Any]:
-    cache = getattr(_local, "cache", None)
+def _cache() -> OrderedDict[tuple[Hashable, ...], DatasetReader | WarpedVRT]:
+    """This thread's open datasets (``("file", href)``) and WarpedVRTs (``("vrt", href, grid, ...)``)."""
+    cache: OrderedDict[tuple[Hashable, ...], DatasetReader | WarpedVRT] | None = getattr(_local, "cache", None)
     if cache is None:
         cache = _local.cache = OrderedDict()
     return cache
@@ -66,7 +75,7 @@ def forget(href: str) -> None:
             pass
 
 
-def _remember(key: Any, dataset: Any) -> Any:
+def _remember(key: tuple[Hashable, ...], dataset: DatasetReader | WarpedVRT) -> DatasetReader | WarpedVRT:
     cache = _cache()
     cache[key] = dataset
     while len(cache) > MAX_OPEN_PER_THREAD:
@@ -115,7 +124,7 @@ def open_options(href: str, policy: ReadPolicy, *, fresh_href: str | None = None
 
 
 def open_source(read: AssetRead, *, fresh: bool = False, policy: ReadPolicy | None = None,
-                previous: Failure | None = None) -> Any:
+                previous: Failure | None = None) -> DatasetReader:
     """The open, checked rasterio dataset of ``read.href`` (cached in this thread).
 
     ``fresh``: a retry; whatever this thread and GDAL cached about the file (a failed open included) is dropped
@@ -152,7 +161,7 @@ def open_source(read: AssetRead, *, fresh: bool = False, policy: ReadPolicy | No
     return _remember(key, dataset)
 
 
-def check_against_metadata(read: AssetRead, dataset: Any) -> None:
+def check_against_metadata(read: AssetRead, dataset: DatasetReader) -> None:
     """Raise :class:`SourceMismatchError` when the file (an open rasterio dataset) contradicts what its item
     declares."""
     crs = dataset.crs
@@ -161,11 +170,11 @@ def check_against_metadata(read: AssetRead, dataset: Any) -> None:
                 transform=tuple(dataset.transform)[:6])
 
 
-def check_facts(read: AssetRead, *, count: int, dtype: str | None, crs: Any, height: int, width: int,
+def check_facts(read: AssetRead, *, count: int, dtype: str | None, crs: CRS | str | None, height: int, width: int,
                 transform: tuple[float, ...] | None) -> None:
     """Raise :class:`SourceMismatchError` when a file with these facts contradicts what ``read``'s item declares
     (``crs``: a rasterio CRS or an ``EPSG:nnnn`` string; ``transform`` None: not compared)."""
-    problems = []
+    problems: list[str] = []
     if count < 1:
         problems.append("the file has no band")
     elif read.band_count is not None and count != read.band_count:
@@ -196,8 +205,8 @@ def check_facts(read: AssetRead, *, count: int, dtype: str | None, crs: Any, hei
         raise SourceMismatchError(f"{read.describe()} contradicts its item's metadata: " + "; ".join(problems))
 
 
-def warped_source(read: AssetRead, grid: Any, resampling: str, fill: float | None, *,
-                  policy: ReadPolicy | None = None) -> Any:
+def warped_source(read: AssetRead, grid: GridPlan, resampling: str, fill: float | None, *,
+                  policy: ReadPolicy | None = None) -> WarpedVRT:
     """A WarpedVRT of the file on the output grid (cached in this thread); with ``fill`` None it carries an alpha
     band that says which pixels the file covers."""
     from affine import Affine

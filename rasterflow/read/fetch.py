@@ -31,13 +31,17 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
 from rasterflow.read.policy import record_io
 from rasterflow.read.remote import ReadFailedError
 from rasterflow.retry import RetryPolicy
+
+if TYPE_CHECKING:  # pragma: no cover
+    import aiohttp
+    from obstore.store import ClientConfig, S3Config, S3Store
 
 __all__ = ["RangeClient", "Answer", "client", "close_all", "supported", "s3_config"]
 
@@ -59,13 +63,13 @@ class Answer:
     size: int | None
 
 
-def s3_config(environ: Any = None) -> dict[str, Any]:
+def s3_config(environ: Mapping[str, str] | None = None) -> S3Config:
     """obstore's ``S3Store`` settings from the environment GDAL and boto users set (see
     :mod:`rasterflow.gdalenv`): a custom endpoint as boto (``AWS_ENDPOINT_URL[_S3]``) or GDAL
     (``AWS_S3_ENDPOINT`` + ``AWS_HTTPS``) spells it, ``AWS_VIRTUAL_HOSTING``, ``AWS_NO_SIGN_REQUEST``,
     ``AWS_REQUEST_PAYER``, the region and the credentials."""
     env = os.environ if environ is None else environ
-    config: dict[str, Any] = {}
+    config: S3Config = {}
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     if not endpoint and env.get("AWS_S3_ENDPOINT"):
         host = env["AWS_S3_ENDPOINT"]
@@ -81,8 +85,10 @@ def s3_config(environ: Any = None) -> dict[str, Any]:
     if env.get("AWS_NO_SIGN_REQUEST", "").upper() in ("YES", "TRUE", "1"):
         config["skip_signature"] = True
     else:
-        for name, key in (("AWS_ACCESS_KEY_ID", "access_key_id"), ("AWS_SECRET_ACCESS_KEY", "secret_access_key"),
-                          ("AWS_SESSION_TOKEN", "session_token")):
+        credentials: tuple[tuple[str, Literal["access_key_id", "secret_access_key", "session_token"]], ...] = (
+            ("AWS_ACCESS_KEY_ID", "access_key_id"), ("AWS_SECRET_ACCESS_KEY", "secret_access_key"),
+            ("AWS_SESSION_TOKEN", "session_token"))
+        for name, key in credentials:
             if env.get(name):
                 config[key] = env[name]
     if env.get("AWS_REQUEST_PAYER", "").lower() == "requester":
@@ -101,14 +107,15 @@ class RangeClient:
         self._thread = threading.Thread(target=self._loop.run_forever, name="rasterflow-io", daemon=True)
         self._thread.start()
         self._limit = asyncio.Semaphore(self.concurrency)
-        self._session: Any = None
-        self._stores: dict[str, Any] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._stores: dict[str, S3Store] = {}
         self.pid = os.getpid()
 
     # ---- called from the compute threads ----------------------------------------------------------------------
 
     def submit(self, href: str, url: str, ranges: Sequence[tuple[int, int]], policy: RetryPolicy, run_id: str,
-               on_retry: Callable[[], None] | None = None, header: bool = False) -> concurrent.futures.Future:
+               on_retry: Callable[[], None] | None = None,
+               header: bool = False) -> concurrent.futures.Future[list[Answer]]:
         """Fetch ``ranges`` (``(start, length)`` each, one request each) of ``url`` (``href`` signed, or as it is)
         -> a future of ``list[Answer]``; ``href`` names the file in errors. ``on_retry`` runs (in the loop's
         thread) before each retry."""
@@ -253,22 +260,22 @@ class RangeClient:
         return Answer(data, size)
 
     @staticmethod
-    def _client_options(endpoint: str, policy: RetryPolicy) -> dict[str, Any]:
+    def _client_options(endpoint: str, policy: RetryPolicy) -> ClientConfig:
         from datetime import timedelta
 
-        options: dict[str, Any] = {"timeout": timedelta(seconds=policy.timeout),
+        options: ClientConfig = {"timeout": timedelta(seconds=policy.timeout),
                                    "connect_timeout": timedelta(seconds=min(policy.timeout, 10.0)),
                                    "pool_max_idle_per_host": "256"}
         if endpoint.startswith("http://"):
             options["allow_http"] = True
         return options
 
-    def _remember_store(self, key: str, store: Any) -> None:
+    def _remember_store(self, key: str, store: S3Store) -> None:
         if len(self._stores) > 64:
             self._stores.clear()
         self._stores[key] = store
 
-    def _store(self, bucket: str, policy: RetryPolicy) -> Any:
+    def _store(self, bucket: str, policy: RetryPolicy) -> S3Store:
         """The bucket's store, for the environment as it is now (a changed endpoint or credentials make a new
         one: a long-lived worker may serve runs with different settings)."""
         config = s3_config()
@@ -280,8 +287,8 @@ class RangeClient:
             from obstore.store import S3Store
 
             # rasterflow retries (counted, reported): the store's own retries would hide the failures
-            store = S3Store(bucket, config=config,  # type: ignore[arg-type]
-                            client_options=self._client_options(str(config.get("endpoint", "")), policy),  # type: ignore[arg-type]
+            store = S3Store(bucket, config=config,
+                            client_options=self._client_options(str(config.get("endpoint", "")), policy),
                             retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=1)})
             self._remember_store(key, store)
         return store

@@ -28,11 +28,19 @@ import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rasterflow.errors import RunFailedError
 from rasterflow.gdalenv import allowed_extensions, aws_env_summary, remote_read_options
 from rasterflow.retry import RetryPolicy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from distributed import Client
+
+    from rasterflow.planning import JobPlan
+    from rasterflow.report import RunReport
+    from rasterflow.sources import AssetRead
+    from rasterflow.spec.models import Source
 
 __all__ = [
     "ReadPolicy", "FailedRead", "ReadSummary", "set_policy", "current_policy", "record_retry", "record_failure",
@@ -74,7 +82,7 @@ class ReadPolicy:
                 "io": {"concurrency": self.io_concurrency, "buffer": self.io_buffer, "reader": self.io_reader}}
 
 
-def policy_from_spec(source: Any, hrefs: Iterable[str] = (), round_trip: float | None = None) -> ReadPolicy:
+def policy_from_spec(source: Source | None, hrefs: Iterable[str] = (), round_trip: float | None = None) -> ReadPolicy:
     """The policy of a run from the spec's ``source`` section and the job's hrefs; a fresh ``run_id``.
     ``round_trip``: seconds of a request measured in planning (``source.io.concurrency: auto`` follows it)."""
     io = getattr(source, "io", None)
@@ -91,7 +99,7 @@ def policy_from_spec(source: Any, hrefs: Iterable[str] = (), round_trip: float |
     )
 
 
-def io_concurrency(setting: Any, round_trip: float | None = None) -> int:
+def io_concurrency(setting: int | str, round_trip: float | None = None) -> int:
     """Requests in flight per process: the spec's number, or for ``auto`` enough to keep the pipe full at the
     measured round trip (one request per 0.625 ms of latency, 64..256: 64 at 40 ms, 160 at 100 ms), else 64.
 
@@ -158,7 +166,7 @@ def record_retry(policy: ReadPolicy, href: str) -> None:
         retries[href] = retries.get(href, 0) + 1
 
 
-def record_failure(policy: ReadPolicy, read: Any, error: BaseException) -> None:
+def record_failure(policy: ReadPolicy, read: AssetRead, error: BaseException) -> None:
     """``read`` (an :class:`~rasterflow.sources.AssetRead`) failed for good with ``error``; counted per href."""
     with _LOCK:
         failed = _run_stats(policy.run_id)["failed"]
@@ -323,7 +331,7 @@ class ReadMonitor:
     CHECK_EVERY = 0.5
     """Seconds between two looks at the scheduler's failure events while blocks complete."""
 
-    def __init__(self, client: Any, policy: ReadPolicy, files: int):
+    def __init__(self, client: Client | None, policy: ReadPolicy, files: int):
         self.client, self.policy, self.files = client, policy, files
         self._last = 0.0
 
@@ -350,7 +358,8 @@ class ReadMonitor:
 
 
 @contextlib.contextmanager
-def read_monitor(client: Any, policy: ReadPolicy, hrefs: Iterable[str], report: Any = None) -> Iterator[ReadMonitor]:
+def read_monitor(client: Client | None, policy: ReadPolicy, hrefs: Iterable[str],
+                 report: RunReport | None = None) -> Iterator[ReadMonitor]:
     """Around a run's computation: the policy on every worker (and in this process) before it, the statistics
     collected after it into ``report.reads`` (also when it fails), then the failure quota checked.
 
@@ -395,7 +404,7 @@ def read_monitor(client: Any, policy: ReadPolicy, hrefs: Iterable[str], report: 
     check_quota(summary)
 
 
-def job_hrefs(plan: Any) -> list[str]:
+def job_hrefs(plan: JobPlan) -> list[str]:
     """Every distinct href a plan's tasks read (``plan.sources``), in order."""
     sources = getattr(plan, "sources", None)
     if sources is None:

@@ -27,19 +27,25 @@ import concurrent.futures
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rasterflow.read.cogheader import HEADER_BYTES, RemoteTiff, parse_header
 from rasterflow.read.datasets import check_facts, signed_href
-from rasterflow.read.fetch import RangeClient, client, supported
+from rasterflow.read.fetch import Answer, RangeClient, client, supported
 from rasterflow.read.policy import ReadPolicy, collect, failed_before, record_io, record_retry
 from rasterflow.read.remote import ReadFailedError
 from rasterflow.read.tiles import decoder_available, place_tile, window_tiles
 from rasterflow.sources import AssetRead, grid_offset
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy.typing as npt
+
+    from rasterflow.planning import GridPlan
+    from rasterflow.read.tiles import TileIndex
 
 __all__ = ["TaskReads", "task_reads", "active", "headers", "probe", "MAX_GAP", "MAX_REQUEST", "MAX_HEADERS",
            "clear_headers"]
@@ -70,7 +76,7 @@ def clear_headers() -> None:
         _HEADERS.clear()
 
 
-_PENDING: dict[tuple[str, str], concurrent.futures.Future] = {}
+_PENDING: dict[tuple[str, str], concurrent.futures.Future[RemoteTiff | ReadFailedError]] = {}
 """Headers being fetched by some thread of this process: the other threads wait for that fetch, not a second."""
 
 
@@ -81,7 +87,7 @@ def headers(reads: Sequence[AssetRead], policy: ReadPolicy) -> dict[str, RemoteT
     one fetch."""
     found: dict[str, RemoteTiff | ReadFailedError] = {}
     mine: dict[str, AssetRead] = {}
-    theirs: dict[str, concurrent.futures.Future] = {}
+    theirs: dict[str, concurrent.futures.Future[RemoteTiff | ReadFailedError]] = {}
     with _HEADERS_LOCK:
         for read in reads:
             key = (policy.run_id, read.href)
@@ -95,18 +101,20 @@ def headers(reads: Sequence[AssetRead], policy: ReadPolicy) -> dict[str, RemoteT
                 mine[read.href] = read
                 _PENDING[key] = concurrent.futures.Future()
     fetcher = client(policy.io_concurrency) if mine else None
-    pending = {}
-    for href, read in mine.items():
-        url = signed_href(read, policy)
-        pending[href] = (url, fetcher.submit(href, url, [(0, HEADER_BYTES)], policy.retry,  # type: ignore[union-attr]
-                                             policy.run_id, on_retry=_counting(policy, href), header=True))
+    pending: dict[str, tuple[str, concurrent.futures.Future[list[Answer]]]] = {}
+    if fetcher is not None:  # files of ours to fetch
+        for href, read in mine.items():
+            url = signed_href(read, policy)
+            pending[href] = (url, fetcher.submit(href, url, [(0, HEADER_BYTES)], policy.retry, policy.run_id,
+                                                 on_retry=_counting(policy, href), header=True))
     for href, (url, future) in pending.items():
         result: RemoteTiff | ReadFailedError
         try:
             answer = future.result()[0]
 
             def more(start: int, length: int, href: str = href, url: str = url) -> bytes:
-                return fetcher.submit(href, url, [(start, length)], policy.retry,  # type: ignore[union-attr]
+                assert fetcher is not None  # pending holds fetches of ours only when there is a fetcher
+                return fetcher.submit(href, url, [(start, length)], policy.retry,
                                       policy.run_id, on_retry=_counting(policy, href), header=True).result()[0].data
 
             result = parse_header(href, answer.data, answer.size, more)
@@ -151,7 +159,7 @@ def probe(read: AssetRead, policy: ReadPolicy) -> tuple[RemoteTiff | None, float
     return (header if isinstance(header, RemoteTiff) else None), seconds
 
 
-def _counting(policy: ReadPolicy, href: str) -> Any:
+def _counting(policy: ReadPolicy, href: str) -> Callable[[], None]:
     return lambda: record_retry(policy, href)
 
 
@@ -164,12 +172,12 @@ class _Fetch:
 
     href: str
     url: str
-    index: Any
+    index: TileIndex
     """The file's :class:`~rasterflow.read.tiles.TileIndex` (where each tile lies in the fetched bytes)."""
     start: int
     length: int
     tiles: list[int]
-    future: Any = None
+    future: concurrent.futures.Future[list[Answer]] | None = None
     data: bytes | None = None
     error: ReadFailedError | None = None
     pending_tiles: int = 0
@@ -198,7 +206,7 @@ class _Event:
 class TaskReads:
     """The remote reads of one task (see the module docstring). Use from one thread: the task's."""
 
-    def __init__(self, reads_by_item: Sequence[Sequence[AssetRead | None]], grid: Any,
+    def __init__(self, reads_by_item: Sequence[Sequence[AssetRead | None]], grid: GridPlan,
                  windows: Sequence[tuple[tuple[int, int], tuple[int, int]]], policy: ReadPolicy):
         self.policy = policy
         self.grid = grid
@@ -311,8 +319,8 @@ class TaskReads:
 
     # ---- the decoder's side -----------------------------------------------------------------------------------
 
-    def read(self, read: AssetRead, rows: tuple[int, int], cols: tuple[int, int], out: np.ndarray,
-             covered: np.ndarray | None) -> tuple[bool, float | None]:
+    def read(self, read: AssetRead, rows: tuple[int, int], cols: tuple[int, int], out: npt.NDArray[Any],
+             covered: npt.NDArray[np.bool_] | None) -> tuple[bool, float | None]:
         """Decode ``read``'s part of the window ``rows`` x ``cols`` into ``out`` and mark ``covered``.
 
         Returns ``(True, file nodata)`` when done here, ``(False, None)`` when GDAL must read it (a file or
@@ -353,7 +361,7 @@ class TaskReads:
             self.next_issue = position  # the skipped windows' own fetches are issued on demand, if ever needed
         self._pump()
 
-    def _decode(self, event: _Event, out: np.ndarray, covered: np.ndarray | None) -> None:
+    def _decode(self, event: _Event, out: npt.NDArray[Any], covered: npt.NDArray[np.bool_] | None) -> None:
         index = event.tiff.index
         assert index is not None
         rows, cols, (row_off, col_off) = event.rows, event.cols, event.direct
@@ -380,9 +388,11 @@ class TaskReads:
         if fetch.data is None:
             if fetch.future is None:  # planned beyond what was issued (the decoder jumped ahead): issue it now
                 self._issue(fetch)
+            future = fetch.future
+            assert future is not None  # issued (now or before) and not yet answered
             waited = time.perf_counter()
             try:
-                fetch.data = fetch.future.result()[0].data
+                fetch.data = future.result()[0].data
             except ReadFailedError as err:
                 fetch.error = err
                 raise
@@ -439,7 +449,7 @@ def _named(read: AssetRead, err: ReadFailedError) -> ReadFailedError:
                            transient=err.transient, attempts=err.attempts, unreadable=err.unreadable)
 
 
-def _coalesce(href: str, url: str, index: Any, numbers: list[int]) -> list[_Fetch]:
+def _coalesce(href: str, url: str, index: TileIndex, numbers: list[int]) -> list[_Fetch]:
     """The tiles ``numbers`` of one file as range requests: sorted by offset, merged where the gap is at most
     :data:`MAX_GAP` and the request stays within :data:`MAX_REQUEST`."""
     fetches: list[_Fetch] = []
@@ -466,7 +476,7 @@ def active() -> TaskReads | None:
 
 
 @contextlib.contextmanager
-def task_reads(reads_by_item: Sequence[Sequence[AssetRead | None]], grid: Any,
+def task_reads(reads_by_item: Sequence[Sequence[AssetRead | None]], grid: GridPlan,
                windows: Sequence[tuple[tuple[int, int], tuple[int, int]]],
                policy: ReadPolicy) -> Iterator[TaskReads | None]:
     """Plan and run the remote reads of a task whose windows are ``windows`` (in decode order) for the reads

@@ -22,6 +22,7 @@ keeps cached data of that file, and closing the handle drops what was cached (ra
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rasterflow.errors import SourceReadError
@@ -67,7 +68,8 @@ class ReadFailedError(SourceReadError):
     def failure(self) -> Failure:
         return Failure(self.status, self.transient, str(self), self.unreadable)
 
-    def __reduce__(self):  # keeps the attributes across process boundaries (Dask pickles task errors)
+    def __reduce__(self) -> tuple[Callable[..., ReadFailedError], tuple[str, str, int | None, bool, int, bool]]:
+        """Keeps the attributes across process boundaries (Dask pickles task errors)."""
         return (_rebuild, (str(self), self.href, self.status, self.transient, self.attempts, self.unreadable))
 
 

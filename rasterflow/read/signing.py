@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rasterflow.errors import RunFailedError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from importlib.metadata import EntryPoint
 
 __all__ = ["Signer", "BUILTIN_SIGNERS", "ENTRY_POINT_GROUP", "get_signer", "available_signers"]
 
@@ -33,14 +37,15 @@ def _planetary_computer() -> Signer:
             "source.sign: planetary-computer needs the `planetary-computer` package in the environment of the "
             "client and of every worker: pip install 'planetary-computer>=1,<2'"
         ) from None
-    return planetary_computer.sign
+    sign: Signer = planetary_computer.sign  # planetary-computer ships no annotations mypy reads
+    return sign
 
 
 BUILTIN_SIGNERS: dict[str, Callable[[], Signer]] = {"planetary-computer": _planetary_computer}
 """Name -> a factory of the signer (called on first use, so a missing package is an error only when asked for)."""
 
 
-def _entry_points() -> dict[str, object]:
+def _entry_points() -> dict[str, EntryPoint]:
     from importlib.metadata import entry_points
 
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
@@ -61,7 +66,7 @@ def get_signer(name: str) -> Signer:
         raise RunFailedError(f"source.sign: no signer called {name!r}; available: "
                              f"{', '.join(available_signers())} (more come from packages with a "
                              f"{ENTRY_POINT_GROUP!r} entry point)")
-    signer = entry.load()  # type: ignore[attr-defined]
+    signer: Signer = entry.load()  # what the entry point names; a signer by the entry point group's contract
     if not callable(signer):
         raise RunFailedError(f"source.sign: the {ENTRY_POINT_GROUP} entry point {name!r} is not callable")
     return signer

@@ -29,6 +29,14 @@ from rasterflow import compiled
 
 if TYPE_CHECKING:
     import numpy as np
+    import numpy.typing as npt
+    from tifffile import TiffFile
+
+#: tifffile's ``TiffPage.decode``: ``decode(bytes, index) -> (segment, indices, shape)``.
+_Decode = Callable[..., "tuple[npt.NDArray[Any] | None, tuple[int, ...], tuple[int, ...]]"]
+#: imagecodecs' decompressor (``decompress(data, out=size) -> bytes``) and the compiled kernel
+#: ``undo_horizontal_u16(raw, tile_height, tile_width, row, col, target)``.
+_Predicted = tuple[Callable[..., "bytes | bytearray"], Callable[..., None]]
 
 __all__ = ["LOSSLESS_CODECS", "ENV_SWITCH", "TileIndex", "decoder_available", "decodes", "tile_index", "read_window",
            "window_tiles", "place_tile", "page_index"]
@@ -65,14 +73,14 @@ class TileIndex:
     width: int
     tile_height: int
     tile_width: int
-    dtype: np.dtype
+    dtype: np.dtype[Any]
     offsets: Sequence[int]
     """Per tile, in the file's order (row-major); an unsigned 64-bit ``array``: 8 bytes a tile, where a tuple of
     Python ints took 36 (a worker keeps the index of every file of its chunk: 108 at 36 dates)."""
     byte_counts: Sequence[int]
-    decode: Callable[..., Any]
+    decode: _Decode
     """tifffile's ``TiffPage.decode``: ``decode(bytes, index) -> (segment, indices, shape)``."""
-    predicted: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+    predicted: _Predicted | None = None
     """For 16-bit tiles with the horizontal predictor in the machine's byte order, ZSTD or DEFLATE, where the
     compiled kernels are installed: imagecodecs' decompressor and ``rasterflow._native.undo_horizontal_u16``, which
     turns its output into values straight in the window (2.6x faster than imagecodecs' delta decode plus the copy);
@@ -83,7 +91,7 @@ class TileIndex:
         return -(-self.width // self.tile_width)
 
 
-def tile_index(path: str, *, band_count: int, dtype: np.dtype, shape: tuple[int, int],
+def tile_index(path: str, *, band_count: int, dtype: npt.DTypeLike, shape: tuple[int, int],
                block_shape: tuple[int, int]) -> TileIndex | None:
     """The tile index of the local file ``path`` when its pixels can be decoded here bit for bit as GDAL reads them
     (see the module docstring), else None. ``band_count``, ``dtype``, ``shape`` and ``block_shape`` are what GDAL
@@ -104,7 +112,7 @@ def tile_index(path: str, *, band_count: int, dtype: np.dtype, shape: tuple[int,
     return index
 
 
-def page_index(tif: Any, path: str) -> TileIndex | None:
+def page_index(tif: TiffFile, path: str) -> TileIndex | None:
     """The :class:`TileIndex` of the full-resolution image (first page) of an open ``tifffile.TiffFile``, when it
     is one this module decodes bit for bit as GDAL (see the module docstring), else None. ``path`` names it in
     errors (a local path or a URL)."""
@@ -130,8 +138,8 @@ def page_index(tif: Any, path: str) -> TileIndex | None:
                      dtype=dtype, offsets=offsets, byte_counts=counts, decode=page.decode, predicted=predicted)
 
 
-def _predicted_16_bit(compression: int, predictor: int, dtype: np.dtype, native_order: bool,
-                      tile_width: int) -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+def _predicted_16_bit(compression: int, predictor: int, dtype: np.dtype[Any], native_order: bool,
+                      tile_width: int) -> _Predicted | None:
     """imagecodecs' decompressor and the compiled predictor kernel for the tiles :func:`read_window` undoes the
     predictor of itself (no wider than the kernel's row, ``MAX_PREDICTED_TILE_WIDTH``), else None."""
     kernels = compiled.module()
@@ -153,7 +161,7 @@ def window_tiles(index: TileIndex, row: int, col: int, height: int, width: int) 
             for tx in range(col // tw, (col + width - 1) // tw + 1)]
 
 
-def place_tile(index: TileIndex, number: int, data: bytes | memoryview | None, row: int, col: int, out: np.ndarray,
+def place_tile(index: TileIndex, number: int, data: bytes | memoryview | None, row: int, col: int, out: npt.NDArray[Any],
                fill: float = 0) -> None:
     """Decode tile ``number`` from its compressed ``data`` and copy its part of the window from ``row``, ``col``
     into ``out`` (any strides). ``data`` None: a sparse tile (absent from the file), which holds ``fill`` (GDAL
@@ -182,7 +190,7 @@ def place_tile(index: TileIndex, number: int, data: bytes | memoryview | None, r
     target[...] = tile[y0 - r0:y1 - r0, x0 - c0:x1 - c0]
 
 
-def read_window(index: TileIndex, row: int, col: int, out: np.ndarray) -> bool:
+def read_window(index: TileIndex, row: int, col: int, out: npt.NDArray[Any]) -> bool:
     """Fill ``out`` (``(height, width)``, any strides) with the file's pixels from ``row``, ``col``.
 
     Returns False, with ``out`` untouched, when a tile of the window is absent from the file (a sparse tile: GDAL

@@ -16,10 +16,14 @@ default, 5% of the machine's RAM, which the budget check never counted).
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from distributed import WorkerPlugin
 
 from rasterflow.gdalenv import process_env
+
+if TYPE_CHECKING:  # pragma: no cover
+    from distributed import Worker
 
 __all__ = ["ProcessEnvPlugin", "GdalCachePlugin"]
 
@@ -27,7 +31,7 @@ __all__ = ["ProcessEnvPlugin", "GdalCachePlugin"]
 class ProcessEnvPlugin(WorkerPlugin):
     """Set GDAL's once-per-process settings in each worker's environment (see the module docstring)."""
 
-    def setup(self, worker) -> None:
+    def setup(self, worker: Worker) -> None:
         for key, value in process_env().items():
             os.environ.setdefault(key, value)
 
@@ -46,13 +50,13 @@ class GdalCachePlugin(WorkerPlugin):
         self.nbytes = int(nbytes)
         self.previous: int | None = None
 
-    def setup(self, worker) -> None:
+    def setup(self, worker: Worker) -> None:
         import rasterio.env
 
         self.previous = int(rasterio.env.get_gdal_config("GDAL_CACHEMAX"))
         rasterio.env.set_gdal_config("GDAL_CACHEMAX", self.nbytes)
 
-    def teardown(self, worker) -> None:
+    def teardown(self, worker: Worker) -> None:
         import rasterio.env
 
         if self.previous is not None and int(rasterio.env.get_gdal_config("GDAL_CACHEMAX")) == self.nbytes:

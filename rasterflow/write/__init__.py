@@ -9,7 +9,8 @@ too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rasterflow.write.common import (
     WriteResult,
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> Callable[..., WriteResult]:
     if name == "write_zarr":
         from rasterflow.write.zarr import write_zarr
 

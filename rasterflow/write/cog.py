@@ -37,10 +37,11 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask.array as da
 import numpy as np
+import numpy.typing as npt
 import rasterio
 import rasterio.shutil
 import xarray as xr
@@ -66,6 +67,14 @@ from rasterflow.write.common import (
     spatial_dims,
     upload_verified,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from distributed import Client
+    from rasterio.io import DatasetWriter
+
+    from rasterflow.layers import Task
+    from rasterflow.write.stacstats import BlockStats
+    from rasterflow.write.submit import Key
 
 __all__ = ["write_cog"]
 
@@ -143,7 +152,7 @@ def _tile_size(chunks: tuple[int, ...], blocksize: int) -> int:
 
 def _cube(ds: xr.Dataset, names: list[str], nlead: int) -> da.Array:
     """``(*leading, band, y, x)``, chunked 1 along leading dims and whole along bands."""
-    arrays = []
+    arrays: list[da.Array] = []
     for name in names:
         data = ds[name].data
         if not isinstance(data, da.Array):
@@ -153,11 +162,13 @@ def _cube(ds: xr.Dataset, names: list[str], nlead: int) -> da.Array:
     if all(a.chunks[-2:] == arrays[0].chunks[-2:] for a in arrays):
         # one lazy layer (layers.stack_blocks): Dask's stack + rechunk would hold ~3.6 KB per chunk of a 3-band job
         return stack_blocks(arrays, nlead, dtype)
-    cube = da.stack([a.astype(dtype, copy=False) for a in arrays], axis=nlead)
-    return cube.rechunk({**{axis: 1 for axis in range(nlead)}, nlead: len(names)})
+    cube: da.Array = da.stack([a.astype(dtype, copy=False) for a in arrays], axis=nlead)
+    rechunked: da.Array = cube.rechunk({**{axis: 1 for axis in range(nlead)}, nlead: len(names)})
+    return rechunked
 
 
-def _stream_blocks(cube: da.Array, nlead: int, client: Any, write: Callable[[tuple, int, int, Any], None],
+def _stream_blocks(cube: da.Array, nlead: int, client: Client | None,
+                   write: Callable[[tuple[int, ...], int, int, Any], None],
                    progress: Callable[[int, int], None] | None = None, results: da.Array | None = None,
                    per_thread: int = COG_INFLIGHT_PER_THREAD) -> int:
     """Compute every block of ``cube`` and hand it to ``write(lead_index, i, j, block)``; returns blocks written.
@@ -177,14 +188,14 @@ def _stream_blocks(cube: da.Array, nlead: int, client: Any, write: Callable[[tup
     collection = cube if results is None else results
     name = collection.name
 
-    def units() -> Iterator[list]:
+    def units() -> Iterator[list[Key]]:
         # one unit: entries of the leading dims of one spatial block (they share the block's read-and-reduce task)
         for i in range(ny):
             for j in range(nx):
                 for start in range(0, len(lead_indices), group):
                     yield [(name, *lead, 0, i, j) for lead in lead_indices[start:start + group]]
 
-    def on_result(key: tuple, block: Any) -> None:
+    def on_result(key: Key, block: Any) -> None:
         write(tuple(key[1:1 + nlead]), key[-2], key[-1], np.asarray(block) if results is None else block)
 
     return submit.run_units(units(), submit.BlockTasks([collection]), total=len(lead_indices) * ny * nx,
@@ -208,14 +219,15 @@ class _TileTasks:
     def __init__(self, source: str, layout: cogtiles.TileLayout):
         self.source, self.layout = source, layout
 
-    def __call__(self, block: tuple[int, ...]) -> tuple:
+    def __call__(self, block: tuple[int, ...]) -> Task:
         return (cogtiles.block_tiles, (self.source, *block), block[-2], block[-1], self.layout)
 
 
-def _assemble(cube: da.Array, nlead: int, client: Any, layout: cogtiles.TileLayout,
-              progress: Callable[[int, int], None] | None, datasets: list[Any], stream_files: list[str],
+def _assemble(cube: da.Array, nlead: int, client: Client | None, layout: cogtiles.TileLayout,
+              progress: Callable[[int, int], None] | None, datasets: list[DatasetWriter], stream_files: list[str],
               template_files: list[str], spool_files: list[str], partial_files: list[str],
-              assemblies: list[Assembly], index_of: Mapping[tuple, int], cog_options: Mapping[str, Any]) -> int:
+              assemblies: list[Assembly], index_of: Mapping[tuple[int, ...], int],
+              cog_options: Mapping[str, Any]) -> int:
     """The worker-compressed COG (:mod:`rasterflow.write.cogtiles`): while the blocks are computed, GDAL makes each
     file's header from its sparse stream file in a thread of this process and the arriving tiles are spooled; then
     each file is written (header, tiles) at its partial path. Returns the blocks computed."""
@@ -240,7 +252,7 @@ def _assemble(cube: da.Array, nlead: int, client: Any, layout: cogtiles.TileLayo
         for spool in spool_files:
             assemblies.append(Assembly(layout, spool, cube.dtype))
 
-        def write(lead_index: tuple, i: int, j: int, result: Any) -> None:
+        def write(lead_index: tuple[int, ...], i: int, j: int, result: cogtiles.BlockTiles) -> None:
             assemblies[index_of[tuple(lead_index)]].add(result)
 
         written = _stream_blocks(cube, nlead, client, write, progress, results=_tile_tasks(cube, layout),
@@ -280,7 +292,7 @@ def write_cog(
     overwrite: bool = False,
     compression: str = "zstd",
     gdal_cachemax: int = 256 * 2**20,
-    client: Any = None,
+    client: Client | None = None,
     blocksize: int = 512,
     resampling: str = "average",
     progress: Callable[[int, int], None] | None = None,
@@ -409,7 +421,7 @@ def write_cog(
     assemblies: list[Assembly] = []
     common_tags = {str(k): _tag_text(v) for k, v in (metadata or {}).items()}
 
-    datasets: list[Any] = []
+    datasets: list[DatasetWriter] = []
     checksums: dict[str, str] = {}
     try:
         with rasterio.Env(GDAL_CACHEMAX=int(gdal_cachemax)):
@@ -432,7 +444,7 @@ def write_cog(
                 written = _assemble(cube, len(lead), client, layout, progress, datasets, stream_files,
                                     template_files, spool_files, partial_files, assemblies, index_of, cog_options)
             else:
-                def write(lead_index: tuple, i: int, j: int, block: np.ndarray) -> None:
+                def write(lead_index: tuple[int, ...], i: int, j: int, block: npt.NDArray[Any]) -> None:
                     dst = datasets[index_of[tuple(lead_index)]]
                     block = block.reshape(block.shape[-3:])
                     if needs_encoding:
@@ -480,7 +492,7 @@ def write_cog(
     if scratch:
         shutil.rmtree(scratch, ignore_errors=True)
     # the tiles' statistics as the workers computed them: the STAC Item need not read the file back
-    statistics: dict[str, Mapping[tuple[int, ...], Any]] = {
+    statistics: dict[str, Mapping[tuple[int, ...], BlockStats]] = {
         final: assembly.statistics for final, assembly in zip(paths, assemblies)}
     return WriteResult(paths=tuple(paths), bytes_written=sum(path_size(p) for p in paths), blocks_written=written,
                        blocks_skipped=0, format="cog", checksums=checksums, statistics=statistics)

@@ -8,11 +8,17 @@ import io
 import os
 import struct
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from rasterflow.write.cogtiles import BlockTiles, TileLayout, stored_values, halve, level_tiles, tile_order
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tifffile import TiffFile, TiffPage
+
+    from rasterflow.write.stacstats import BlockStats
 
 __all__ = ["Assembly", "make_template", "check_template", "TEMPLATE_CACHEMAX"]
 
@@ -49,7 +55,7 @@ def check_template(header: bytes, layout: TileLayout) -> None:
                            f"rows, tile cols, compression, predictor, tiles, planar) {found} != {expected}")
 
 
-def _pages(tif: Any) -> list[Any]:
+def _pages(tif: TiffFile) -> list[TiffPage]:
     """Every IFD of an open TiffFile as a TiffPage (tifffile may hand out lighter TiffFrames)."""
     from tifffile import TiffPage
 
@@ -67,7 +73,7 @@ class Assembly:
     writes the COG.
     """
 
-    def __init__(self, layout: TileLayout, spool: str, dtype: Any):
+    def __init__(self, layout: TileLayout, spool: str, dtype: npt.DTypeLike):
         self.layout = layout
         self.spool_path = spool
         self.spool = open(spool, "w+b")
@@ -75,10 +81,10 @@ class Assembly:
         self.size = 0
         self.checksum: str | None = None
         """The written file's ``file:checksum`` (set by the writer after :meth:`write`)."""
-        self.statistics: dict[tuple[int, ...], Any] = {}
+        self.statistics: dict[tuple[int, ...], BlockStats] = {}
         """``(band, tile row, tile column)`` -> the full-resolution tile's statistics (``BlockTiles.stats``)."""
         level = layout.client_level
-        self.small: np.ndarray | None = None
+        self.small: npt.NDArray[Any] | None = None
         if level is not None:
             rows, cols = layout.levels[level]
             self.small = np.full((layout.bands, rows, cols), np.nan, dtype=dtype)

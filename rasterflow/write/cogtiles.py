@@ -28,11 +28,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from rasterflow.write.common import Encoding, encode_block
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rasterflow.write.stacstats import BlockStats
 
 __all__ = [
     "TileLayout", "BlockTiles", "fast_layout", "assembly_enabled", "level_shapes", "predictor_code",
@@ -122,7 +126,7 @@ def predictor_code(predictor: str, compression: str, stored_dtype: str) -> int:
 
 
 def fast_layout(*, height: int, width: int, chunks: tuple[tuple[int, ...], tuple[int, ...]], blocksize: int,
-                resampling: str, computed_dtype: Any, stored: Encoding, band_names: tuple[str, ...],
+                resampling: str, computed_dtype: npt.DTypeLike, stored: Encoding, band_names: tuple[str, ...],
                 compression: str, predictor: str, files: int = 1) -> TileLayout | None:
     """The layout of the worker-compressed COG, or None when this write needs GDAL's COG driver instead.
 
@@ -135,7 +139,7 @@ def fast_layout(*, height: int, width: int, chunks: tuple[tuple[int, ...], tuple
         return None
     levels = level_shapes(height, width, blocksize)
     steps = len(levels) - 1
-    edges = []
+    edges: list[tuple[int, bool]] = []
     for axis_chunks in chunks:
         edge = int(axis_chunks[0])
         if any(int(c) != edge for c in axis_chunks[:-1]) or int(axis_chunks[-1]) > edge:
@@ -173,7 +177,7 @@ def client_levels_bytes(layout: TileLayout, itemsize: int) -> int:
 # the pixels
 
 
-def halve(values: np.ndarray) -> np.ndarray:
+def halve(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """The next overview level of ``(bands, rows, cols)`` physical values: each pixel the mean of the non-NaN pixels
     of its 2 x 2 block (NaN if none), an odd last row or column left out. Summed in float64 over the four strided
     quarter views (4x faster than a masked copy of the whole block reshaped, the same values)."""
@@ -192,7 +196,7 @@ def halve(values: np.ndarray) -> np.ndarray:
     return mean.astype(values.dtype, copy=False)
 
 
-def stored_values(values: np.ndarray, layout: TileLayout) -> np.ndarray:
+def stored_values(values: npt.NDArray[Any], layout: TileLayout) -> npt.NDArray[Any]:
     """``(bands, rows, cols)`` physical values -> the stored dtype (scale, offset, nodata applied)."""
     stored = layout.stored
     dtype = np.dtype(stored.dtype)
@@ -202,12 +206,12 @@ def stored_values(values: np.ndarray, layout: TileLayout) -> np.ndarray:
     return np.stack([encode_block(values[k], stored, layout.band_names[k]) for k in range(values.shape[0])])
 
 
-def _fill(layout: TileLayout) -> Any:
+def _fill(layout: TileLayout) -> float:
     nodata = layout.stored.nodata
     return 0 if nodata is None else nodata
 
 
-def encode_tile(tile: np.ndarray, layout: TileLayout) -> bytes:
+def encode_tile(tile: npt.NDArray[Any], layout: TileLayout) -> bytes:
     """One stored tile (``(rows, cols)`` or ``(rows, cols, bands)``, at most a tile's size) -> its TIFF bytes:
     padded to the full tile with the nodata value, the predictor applied, compressed."""
     from tifffile import TIFF
@@ -229,7 +233,7 @@ def encode_tile(tile: np.ndarray, layout: TileLayout) -> bytes:
     return bytes(encoder(tile))
 
 
-def level_tiles(stored: np.ndarray, level: int, row0: int, col0: int,
+def level_tiles(stored: npt.NDArray[Any], level: int, row0: int, col0: int,
                 layout: TileLayout) -> Iterator[tuple[int, int, bytes]]:
     """The tiles of ``stored`` (``(bands, rows, cols)`` of one level, its top left at ``(row0, col0)``, which are
     multiples of the tile size) -> ``(level, entry, bytes)``, ``entry`` the index in the level's TileOffsets."""
@@ -254,23 +258,23 @@ class BlockTiles:
 
     tiles: list[tuple[int, int, bytes]]
     """``(level, entry, bytes)`` of every tile the block covers at the worker levels."""
-    stats: dict[tuple[int, ...], Any]
+    stats: dict[tuple[int, ...], BlockStats]
     """``(band, tile row, tile column)`` -> the :class:`~rasterflow.write.stac.BlockStats` of the stored values of
     that full-resolution tile (what the STAC Item's statistics add up, in the order a reader of the file would)."""
-    piece: np.ndarray | None
+    piece: npt.NDArray[Any] | None
     """The block's physical values at the layout's client level (None when the workers do every level)."""
     piece_at: tuple[int, int]
     """Top left of ``piece`` in its level."""
 
 
-def block_tiles(block: Any, i: int, j: int, layout: TileLayout) -> BlockTiles:
+def block_tiles(block: npt.ArrayLike, i: int, j: int, layout: TileLayout) -> BlockTiles:
     """The task: the finished block ``(i, j)`` (``(..., bands, rows, cols)``, physical values) -> its COG tiles and
     its piece of the client's level."""
     values = np.asarray(block)
     values = values.reshape(values.shape[-3:])
     tiles: list[tuple[int, int, bytes]] = []
     row0, col0 = i * layout.chunk[0], j * layout.chunk[1]
-    stats: dict[tuple[int, ...], Any] = {}
+    stats: dict[tuple[int, ...], BlockStats] = {}
     for level in range(layout.worker_levels):
         stored = stored_values(values, layout)
         if level == 0:
@@ -285,14 +289,14 @@ def block_tiles(block: Any, i: int, j: int, layout: TileLayout) -> BlockTiles:
     return BlockTiles(tiles, stats, np.ascontiguousarray(values), (row0 >> client, col0 >> client))
 
 
-def tile_statistics(stored: np.ndarray, row0: int, col0: int,
-                    layout: TileLayout) -> dict[tuple[int, ...], Any]:
+def tile_statistics(stored: npt.NDArray[Any], row0: int, col0: int,
+                    layout: TileLayout) -> dict[tuple[int, ...], BlockStats]:
     """Per band and full-resolution tile of ``stored`` (its top left at ``(row0, col0)``, on the tile grid): the
     statistics of the tile's stored values, nodata left out (what ``write.stac`` reads back from a COG)."""
     from rasterflow.write.stac import BlockStats
 
     size = layout.blocksize
-    out: dict[tuple[int, ...], Any] = {}
+    out: dict[tuple[int, ...], BlockStats] = {}
     for top in range(0, stored.shape[1], size):
         for left in range(0, stored.shape[2], size):
             for band in range(stored.shape[0]):

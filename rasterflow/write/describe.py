@@ -9,9 +9,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rasterflow.write.naming import cog_entries
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rasterflow.planning import JobPlan
 
 __all__ = ["PeriodInfo", "RunDescription", "describe_run", "leading_coords", "cog_file_metadata", "rfc3339"]
 
@@ -99,7 +102,7 @@ def rfc3339(value: dt.datetime) -> str:
     return format_rfc3339(value)
 
 
-def describe_run(plan: Any, *, window: tuple[dt.datetime | None, dt.datetime | None], period: str | None = None,
+def describe_run(plan: JobPlan, *, window: tuple[dt.datetime | None, dt.datetime | None], period: Any = None,
                  mask: str | None = None, version: str | None = None) -> RunDescription:
     """The description of a planned run.
 
@@ -146,7 +149,7 @@ def describe_run(plan: Any, *, window: tuple[dt.datetime | None, dt.datetime | N
     )
 
 
-def leading_coords(plan: Any) -> dict[str, list]:
+def leading_coords(plan: JobPlan) -> dict[str, list[str] | list[float]]:
     """The output's leading dimensions (period, quantile) as the writers name them.
 
     Parameters
@@ -158,7 +161,7 @@ def leading_coords(plan: Any) -> dict[str, list]:
     dict
         ``{"period": [labels], "quantile": [q, ...]}``, each only when the output has that dimension.
     """
-    coords: dict[str, list] = {}
+    coords: dict[str, list[str] | list[float]] = {}
     if plan.period_labels:
         coords["period"] = list(plan.period_labels)
     if plan.quantile_dim and plan.program is not None:
@@ -166,7 +169,7 @@ def leading_coords(plan: Any) -> dict[str, list]:
     return coords
 
 
-def cog_file_metadata(description: RunDescription, output_path: str, plan: Any) -> dict[str, dict[str, Any]]:
+def cog_file_metadata(description: RunDescription, output_path: str, plan: JobPlan) -> dict[str, dict[str, Any]]:
     """Per COG file: the tags that differ from the run's (its period's range and item count).
 
     Parameters

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy.typing as npt
 
 __all__ = ["compression_name", "ENCODING_DTYPES", "Encoding", "encode_block"]
 
@@ -70,7 +73,7 @@ class Encoding:
     """The stored value of a missing pixel; None = NaN for floats, the dtype's minimum (signed) or maximum
     (unsigned) for integers."""
 
-    def resolved(self, computed_dtype: Any) -> Encoding:
+    def resolved(self, computed_dtype: npt.DTypeLike) -> Encoding:
         """This encoding with ``dtype`` and ``nodata`` filled in for data computed as ``computed_dtype``."""
         import numpy as np
 
@@ -113,7 +116,7 @@ class Encoding:
         return ends[0], ends[1]
 
 
-def encode_block(values: Any, encoding: Encoding, name: str = "") -> Any:
+def encode_block(values: npt.ArrayLike, encoding: Encoding, name: str = "") -> npt.NDArray[Any]:
     """Physical values (NaN = missing) -> the stored array of a resolved ``encoding``.
 
     Parameters
@@ -139,14 +142,15 @@ def encode_block(values: Any, encoding: Encoding, name: str = "") -> Any:
     """
     import numpy as np
 
-    values = np.asarray(values)
+    physical = np.asarray(values)
     dtype = np.dtype(encoding.dtype)
-    missing = np.isnan(values) if values.dtype.kind == "f" else np.zeros(values.shape, dtype=bool)
+    missing = np.isnan(physical) if physical.dtype.kind == "f" else np.zeros(physical.shape, dtype=bool)
+    stored: npt.NDArray[Any]
     if encoding.is_scaled:
         with np.errstate(invalid="ignore"):
-            stored = (values.astype(np.float64) - encoding.offset) / encoding.scale
+            stored = (physical.astype(np.float64) - encoding.offset) / encoding.scale
     else:
-        stored = values
+        stored = physical
     what = f"band {name!r}" if name else "a band"
     if dtype.kind == "f":
         out = stored.astype(dtype)
@@ -169,5 +173,6 @@ def encode_block(values: Any, encoding: Encoding, name: str = "") -> Any:
                 f"cannot hold apart from nodata {encoding.nodata:g} (it holds {plo:g} .. {phi:g}); change "
                 "output.encoding (a larger scale, another offset or dtype)"
             )
-    out = np.asarray(np.where(missing, encoding.nodata, stored))
+    # a resolved encoding's nodata is a number (numpy's stubs take no None, which would make an object array)
+    out = np.asarray(np.where(missing, encoding.nodata, stored))  # type: ignore[arg-type]
     return out.astype(dtype)

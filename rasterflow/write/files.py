@@ -11,8 +11,12 @@ import errno
 import hashlib
 import os
 import shutil
+from typing import TYPE_CHECKING
 
 from rasterflow.errors import OutputExistsError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fsspec import AbstractFileSystem
 
 __all__ = ["is_remote", "filesystem", "exists", "remove", "path_size", "upload_verified"]
 
@@ -37,7 +41,7 @@ def _local(path: str) -> str:
     return path[len("file://"):] if path.startswith("file://") else path
 
 
-def filesystem(path: str):
+def filesystem(path: str) -> tuple[AbstractFileSystem, str]:
     """The fsspec filesystem of a URL or a local path, and the path inside it.
 
     Credentials, region and endpoint come from the environment as boto users set them (``AWS_ACCESS_KEY_ID``,

@@ -7,13 +7,16 @@ Standard library at import time (numpy loads inside); the names are known before
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast, overload
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
 
 __all__ = ["spatial_dims", "leading_dims", "cog_entries", "cog_output_paths"]
 
 
-def spatial_dims(ds: Any) -> tuple[str, str]:
+def spatial_dims(ds: xr.Dataset) -> tuple[Hashable, Hashable]:
     """The (y, x) dimension names: the last two dims of the data variables.
 
     Parameters
@@ -22,7 +25,8 @@ def spatial_dims(ds: Any) -> tuple[str, str]:
 
     Returns
     -------
-    (str, str)
+    (hashable, hashable)
+        The names as the dataset has them (rasterflow's are str).
 
     Raises
     ------
@@ -43,7 +47,7 @@ def spatial_dims(ds: Any) -> tuple[str, str]:
     return dims[-2], dims[-1]
 
 
-def leading_dims(ds: Any) -> tuple[str, ...]:
+def leading_dims(ds: xr.Dataset) -> tuple[Hashable, ...]:
     """The dims before (y, x), e.g. ``("period", "quantile")``; empty for plain 2-D bands.
 
     Parameters
@@ -52,7 +56,7 @@ def leading_dims(ds: Any) -> tuple[str, ...]:
 
     Returns
     -------
-    tuple of str
+    tuple of hashable
 
     Raises
     ------
@@ -63,7 +67,7 @@ def leading_dims(ds: Any) -> tuple[str, ...]:
     return tuple(ds[next(iter(ds.data_vars))].dims[:-2])
 
 
-def _format_label(dim: str, value: Any) -> str:
+def _format_label(dim: Hashable, value: Any) -> str:
     import numpy as np
 
     if dim == "quantile":
@@ -75,7 +79,7 @@ def _format_label(dim: str, value: Any) -> str:
             return str(day)
         return str(ts).replace(":", "")
     if hasattr(value, "isoformat"):  # datetime / pandas.Timestamp
-        text = value.isoformat()
+        text: str = value.isoformat()
         return text[:10] if text[10:].strip("T0:.") == "" else text.replace(":", "")
     if isinstance(value, (float, np.floating)):
         return f"{float(value):g}"
@@ -85,7 +89,18 @@ def _format_label(dim: str, value: Any) -> str:
     return text.replace("/", "-").replace(os.sep, "-").replace(" ", "_")
 
 
-def cog_entries(path: str, ds_or_coords: Any) -> list[tuple[dict[str, int], dict[str, Any], str]]:
+@overload
+def cog_entries(path: str, ds_or_coords: xr.Dataset) -> list[tuple[dict[Hashable, int], dict[Hashable, Any], str]]:
+    ...
+
+
+@overload
+def cog_entries(path: str, ds_or_coords: Mapping[str, Sequence[Any]]) -> list[tuple[dict[str, int], dict[str, Any], str]]:
+    ...
+
+
+def cog_entries(path: str, ds_or_coords: xr.Dataset | Mapping[str, Sequence[Any]]
+                ) -> list[tuple[dict[Hashable, int], dict[Hashable, Any], str]] | list[tuple[dict[str, int], dict[str, Any], str]]:
     """One ``(positions, labels, file path)`` per entry of the leading dims, in row-major order.
 
     Parameters
@@ -107,10 +122,11 @@ def cog_entries(path: str, ds_or_coords: Any) -> list[tuple[dict[str, int], dict
     """
     import itertools
 
+    coords: dict[Hashable, Sequence[Any]]
     if not hasattr(ds_or_coords, "data_vars") and isinstance(ds_or_coords, Mapping):  # a Dataset is a Mapping too
-        coords: dict[str, Sequence[Any]] = {k: list(v) for k, v in ds_or_coords.items()}
+        coords = {k: list(v) for k, v in ds_or_coords.items()}
     else:
-        ds = ds_or_coords
+        ds = cast("xr.Dataset", ds_or_coords)  # it has data_vars
         coords = {}
         for dim in leading_dims(ds):
             if f"{dim}_label" in ds.coords:  # e.g. period: datetimes, named in files by their labels ("2024-06")
@@ -122,11 +138,12 @@ def cog_entries(path: str, ds_or_coords: Any) -> list[tuple[dict[str, int], dict
     path = str(path)
     directory, name = os.path.split(path)
     stem, suffix = os.path.splitext(name)
+    out: list[tuple[dict[Hashable, int], dict[Hashable, Any], str]] = []
     if not coords:
-        return [({}, {}, path)]
+        out.append(({}, {}, path))
+        return out
     dims = list(coords)
-    out = []
-    seen: dict[str, tuple] = {}
+    seen: dict[str, tuple[Any, ...]] = {}
     for combo in itertools.product(*(range(len(coords[d])) for d in dims)):
         labels = {d: coords[d][i] for d, i in zip(dims, combo)}
         parts = [_format_label(d, labels[d]) for d in dims]
@@ -141,7 +158,7 @@ def cog_entries(path: str, ds_or_coords: Any) -> list[tuple[dict[str, int], dict
     return out
 
 
-def cog_output_paths(path: str, ds_or_coords: Any) -> list[str]:
+def cog_output_paths(path: str, ds_or_coords: xr.Dataset | Mapping[str, Sequence[Any]]) -> list[str]:
     """The files a COG write of ``ds_or_coords`` to ``path`` produces.
 
     ``ds_or_coords`` is the Dataset to write, or a mapping ``{leading dim: coordinate values}`` (e.g.

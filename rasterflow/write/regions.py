@@ -7,9 +7,10 @@ writes regions imports neither Dask's array nor xarray (see :mod:`rasterflow.tas
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from rasterflow.write.common import Encoding, encode_block, is_remote
 from rasterflow.write.stac import BlockStats, chunk_statistics
@@ -37,7 +38,7 @@ def _touch(url: str) -> None:
         pass
 
 
-def write_region(blocks: list, *, store: str, var: str, markers: str, zarr_format: ZarrFormat,
+def write_region(blocks: list[npt.NDArray[Any]], *, store: str, var: str, markers: str, zarr_format: ZarrFormat,
                  encoding: Encoding | None, region: tuple[tuple[int, int], ...], marker: str,
                  columns: int) -> dict[tuple[int, ...], BlockStats]:
     """Encode the Dask blocks of one write region (one Zarr chunk, or one shard of several chunks: ``blocks`` in
@@ -47,6 +48,7 @@ def write_region(blocks: list, *, store: str, var: str, markers: str, zarr_forma
     import zarr
 
     array = zarr.open_array(store, path=var, mode="r+", zarr_format=zarr_format)
+    stored: npt.NDArray[Any]
     if len(blocks) == 1:
         block = blocks[0]
         stored = encode_block(block, encoding, var) if encoding is not None else block

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rasterflow.write.stacstats import BlockStats
 
 __all__ = ["WriteResult"]
 
@@ -31,7 +34,7 @@ class WriteResult:
     checksums: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Per path: its ``file:checksum`` (SHA2-256 multihash) when the writer already knows it (an uploaded COG,
     checked against the object), so the STAC item need not download the file again."""
-    statistics: Mapping[str, Mapping[tuple[int, ...], Any]] = dataclasses.field(default_factory=dict)
+    statistics: Mapping[str, Mapping[tuple[int, ...], BlockStats]] = dataclasses.field(default_factory=dict)
     """Statistics (:class:`rasterflow.write.stacstats.BlockStats`) as the write tasks computed them: a Zarr store's by
     array name and chunk index (chunks not written by this run are read back); a COG's by file path and ``(band,
     tile row, tile column)`` of its full-resolution tiles, when the workers made the tiles

@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rasterflow.write.describe import (
     PeriodInfo,
@@ -63,6 +63,10 @@ from rasterflow.write.stacitems import (
     output_item,
 )
 from rasterflow.write.stacstats import STATISTICS_CACHEMAX, BlockStats, ChunkStatistics, chunk_statistics
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rasterflow.planning import JobPlan
+    from rasterflow.write.result import WriteResult
 
 __all__ = [
     "STAC_VERSION",
@@ -102,8 +106,8 @@ class StacOutputs:
 
 
 def write_stac(
-    result: Any,
-    plan: Any,
+    result: WriteResult,
+    plan: JobPlan,
     description: RunDescription,
     *,
     output_path: str,
@@ -145,7 +149,7 @@ def write_stac(
     grid = plan.grid
     whole = TileGeometry(bounds=tuple(grid.bounds), shape=(int(grid.shape[0]), int(grid.shape[1])),
                          transform=tuple(grid.transform))
-    items: list[dict] = []
+    items: list[dict[str, Any]] = []
     item_files: list[str] = []
     for labels, path in entries:
         item = output_item(context, fmt, path, labels, whole, result.checksums, result.statistics)
@@ -194,7 +198,7 @@ def write_tile_items(context: StacContext, fmt: str, entries: Sequence[tuple[Map
     list of str
         The Item files written.
     """
-    files = []
+    files: list[str] = []
     for labels, path in entries:
         item = output_item(context, fmt, path, labels, where, checksums or {}, statistics)
         files.append(item_path(path))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any
+from typing import IO, Any
 
 from rasterflow.atomic import write_text_atomic
 from rasterflow.write.files import is_remote
@@ -85,11 +85,12 @@ def write_text(path: str, text: str) -> None:
     write_text_atomic(path, text)
 
 
-def _open_binary(path: str):
+def _open_binary(path: str) -> IO[bytes]:
     if is_remote(path):
         import fsspec
 
-        return fsspec.open(path, "rb").open()
+        handle: IO[bytes] = fsspec.open(path, "rb").open()  # fsspec ships no annotations
+        return handle
     return open(path, "rb")
 
 

@@ -12,13 +12,16 @@ import dataclasses
 import datetime as dt
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rasterflow.write.describe import PeriodInfo, RunDescription, rfc3339
 from rasterflow.write.encoding import Encoding
 from rasterflow.write.files import is_remote, path_size
 from rasterflow.write.stacfiles import absolute_href, file_checksum, item_path, stac_paths
 from rasterflow.write.stacstats import ChunkStatistics, cog_statistics, tile_statistics, zarr_statistics
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rasterflow.planning import JobPlan
 
 __all__ = ["STAC_VERSION", "STAC_EXTENSIONS", "COG_MEDIA_TYPE", "ZARR_MEDIA_TYPE", "TileGeometry", "StacContext",
            "footprint", "output_item", "collection_document"]
@@ -49,7 +52,7 @@ class TileGeometry:
 class StacContext:
     """What every Item of one run shares (the arguments of :func:`rasterflow.write.stac.write_stac`)."""
 
-    plan: Any
+    plan: JobPlan
     description: RunDescription
     output_path: str
     encoding: Encoding
@@ -161,7 +164,7 @@ def output_item(context: StacContext, fmt: str, path: str, labels: Mapping[str, 
     }
 
 
-def within_aoi(geometry: dict, aoi: str, bbox: list[float]) -> tuple[dict, list[float]]:
+def within_aoi(geometry: dict[str, Any], aoi: str, bbox: list[float]) -> tuple[dict[str, Any], list[float]]:
     """A footprint (WGS84 GeoJSON) cut to the area of interest (WGS84 GeoJSON text), and its bbox; the footprint as
     it is where they do not meet."""
     import json
@@ -174,7 +177,7 @@ def within_aoi(geometry: dict, aoi: str, bbox: list[float]) -> tuple[dict, list[
     return dict(mapping(cut)), [float(v) for v in cut.bounds]
 
 
-def footprint(crs: str, bounds: Sequence[float]) -> tuple[dict, list[float]]:
+def footprint(crs: str, bounds: Sequence[float]) -> tuple[dict[str, Any], list[float]]:
     """The WGS84 footprint of a rectangle of the output grid.
 
     Parameters
@@ -206,7 +209,7 @@ def footprint(crs: str, bounds: Sequence[float]) -> tuple[dict, list[float]]:
     return {"type": "Polygon", "coordinates": [coords]}, bbox
 
 
-def _nodata_value(value: float | None) -> Any:
+def _nodata_value(value: float | None) -> int | float | str | None:
     import math
 
     if value is None:

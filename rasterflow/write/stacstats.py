@@ -10,9 +10,12 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rasterflow.write.files import is_remote
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy.typing as npt
 
 __all__ = ["BlockStats", "ChunkStatistics", "chunk_statistics", "cog_statistics", "tile_statistics",
            "zarr_statistics", "STATISTICS_CACHEMAX"]
@@ -30,7 +33,7 @@ class BlockStats:
     max: float = float("-inf")
 
     @classmethod
-    def of(cls, values: Any, nodata: float | None, *, native: bool | None = None) -> BlockStats:
+    def of(cls, values: npt.ArrayLike, nodata: float | None, *, native: bool | None = None) -> BlockStats:
         """The statistics of one block: NaN and ``nodata`` left out, sums in float64 left to right (the compiled
         ``block_stats`` in one pass where installed, ``native``: see :func:`rasterflow.compiled.chosen`; else
         NumPy, the same values)."""
@@ -38,18 +41,18 @@ class BlockStats:
 
         from rasterflow import compiled
 
-        values = np.asarray(values)
-        block = cls(total=values.size)
+        array = np.asarray(values)
+        block = cls(total=array.size)
         if nodata is not None and np.isnan(nodata):
             nodata = None
         kernels = compiled.chosen(native)
-        if kernels is not None and values.dtype.char in "fdbBhHiI":
-            count, total, squares, low, high = kernels.block_stats(np.ascontiguousarray(values), nodata)
+        if kernels is not None and array.dtype.char in "fdbBhHiI":
+            count, total, squares, low, high = kernels.block_stats(np.ascontiguousarray(array), nodata)
             if count:
                 block.count, block.sum, block.sumsq, block.min, block.max = count, total, squares, low, high
             return block
-        valid = values
-        if values.dtype.kind == "f":
+        valid = array
+        if array.dtype.kind == "f":
             valid = valid[~np.isnan(valid)]
         if nodata is not None:
             valid = valid[valid != nodata]
@@ -151,7 +154,7 @@ def tile_statistics(known: Mapping[tuple[int, ...], BlockStats], bands: int) -> 
     list of dict
         :meth:`BlockStats.as_stac` per band.
     """
-    out = []
+    out: list[dict[str, float]] = []
     for band in range(bands):
         acc = BlockStats()
         for key in sorted(k for k in known if k[0] == band):
@@ -164,7 +167,7 @@ ChunkStatistics = Mapping[tuple[int, ...], "BlockStats"]
 """The statistics of Zarr chunks, by chunk index (what a write task returns: :func:`chunk_statistics`)."""
 
 
-def chunk_statistics(values: Any, start: Sequence[int], chunks: Sequence[int],
+def chunk_statistics(values: npt.NDArray[Any], start: Sequence[int], chunks: Sequence[int],
                      nodata: float | None) -> dict[tuple[int, ...], BlockStats]:
     """The statistics of each Zarr chunk of a region: what :func:`zarr_statistics` computes reading those chunks
     back, computed by the task that wrote them instead (issue 13: the client read the whole output back, O(output)
@@ -189,7 +192,7 @@ def chunk_statistics(values: Any, start: Sequence[int], chunks: Sequence[int],
     import itertools
 
     ranges = [range(0, n, c) for n, c in zip(values.shape, chunks)]
-    out = {}
+    out: dict[tuple[int, ...], BlockStats] = {}
     for offsets in itertools.product(*ranges):
         index = tuple((s + o) // c for s, o, c in zip(start, offsets, chunks))
         region = tuple(slice(o, o + c) for o, c in zip(offsets, chunks))
@@ -223,7 +226,7 @@ def zarr_statistics(path: str, names: Sequence[str],
     import zarr
 
     group = zarr.open_group(str(path), mode="r")
-    out = []
+    out: list[dict[str, float]] = []
     with concurrent.futures.ThreadPoolExecutor(_threads()) as pool:
         for name in names:
             array = group[name]

@@ -27,9 +27,13 @@ from __future__ import annotations
 import concurrent.futures
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rasterflow.layers import layer_named
+from rasterflow.layers import Task, layer_named
+
+if TYPE_CHECKING:  # pragma: no cover
+    import dask.array as da
+    from distributed import Client, Future
 
 __all__ = ["BlockTasks", "Batch", "evaluate", "run_units", "in_flight_cap", "default_client", "cluster_threads", "settled", "IN_FLIGHT_PER_THREAD"]
 
@@ -37,15 +41,15 @@ __all__ = ["BlockTasks", "Batch", "evaluate", "run_units", "in_flight_cap", "def
 #: submission (a batch is submitted when half the cap has finished), small enough that the scheduler holds O(threads).
 IN_FLIGHT_PER_THREAD = 4
 
-Key = Any
-Task = Any
+#: A block's key: ``(name, *block index)``.
+Key = tuple[Any, ...]
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # where to compute
 
 
-def default_client(client: Any) -> Any:
+def default_client(client: Client | None) -> Client | None:
     """``client``, else the global distributed client when Dask's scheduler setting allows one, else None."""
     if client is not None:
         return client
@@ -56,7 +60,8 @@ def default_client(client: Any) -> Any:
     try:
         from distributed import default_client as _global
 
-        return _global()
+        found: Client = _global()
+        return found
     except (ImportError, ValueError):
         return None
 
@@ -71,14 +76,14 @@ def local_threads() -> int:
     return int(dask.config.get("num_workers", None) or os.cpu_count() or 1)
 
 
-def cluster_threads(client: Any) -> int:
+def cluster_threads(client: Client | None) -> int:
     """Worker threads of the cluster behind ``client`` (from the scheduler's worker info), or of the local path."""
     if client is None:
         return local_threads()
     return max(1, sum(int(n) for n in client.nthreads().values()))
 
 
-def in_flight_cap(client: Any, per_thread: int = IN_FLIGHT_PER_THREAD) -> int:
+def in_flight_cap(client: Client | None, per_thread: int = IN_FLIGHT_PER_THREAD) -> int:
     """The default cap on blocks in flight: ``per_thread`` × the cluster's worker threads (at least 2)."""
     return max(2, per_thread * cluster_threads(client))
 
@@ -92,7 +97,7 @@ class _Call:
 
     __slots__ = ("key", "fn", "args", "inline")
 
-    def __init__(self, key: Key, fn: Callable[..., Any], args: tuple, inline: bool):
+    def __init__(self, key: Key, fn: Callable[..., Any], args: tuple[Any, ...], inline: bool):
         self.key, self.fn, self.args, self.inline = key, fn, args, inline
 
 
@@ -101,7 +106,7 @@ class _Block:
 
     __slots__ = ("collection", "index")
 
-    def __init__(self, collection: Any, index: tuple[int, ...]):
+    def __init__(self, collection: da.Array, index: tuple[int, ...]):
         self.collection, self.index = collection, index
 
 
@@ -147,11 +152,11 @@ class BlockTasks:
         key. Such tasks are made per batch, so the caller never builds all of them.
     """
 
-    def __init__(self, collections: Sequence[Any], tasks: Callable[[Key], Task | None] | None = None):
-        self.collections = {collection.name: collection for collection in collections}
+    def __init__(self, collections: Sequence[da.Array], tasks: Callable[[Key], Task | None] | None = None):
+        self.collections: dict[str, da.Array] = {collection.name: collection for collection in collections}
         self.tasks = tasks
 
-    def _is_key(self, value: Any) -> bool:
+    def _is_key(self, value: object) -> bool:
         if not (isinstance(value, tuple) and value and isinstance(value[0], str)):
             return False
         if not all(isinstance(i, int) for i in value[1:]):
@@ -159,7 +164,7 @@ class BlockTasks:
         layer = layer_named(value[0])
         return (layer is not None and value in layer) or value[0] in self.collections
 
-    def _argument(self, value: Any, memo: dict) -> Any:
+    def _argument(self, value: Any, memo: dict[Key, _Call | _Block]) -> Any:
         if self._is_key(value):
             return self.node(value, memo)
         if isinstance(value, list):
@@ -168,7 +173,7 @@ class BlockTasks:
             return tuple(self._argument(v, memo) for v in value)
         return value
 
-    def node(self, key: Key, memo: dict, root: bool = False) -> _Call | _Block:
+    def node(self, key: Key, memo: dict[Key, _Call | _Block], root: bool = False) -> _Call | _Block:
         """The node computing ``key`` (shared through ``memo`` within a batch)."""
         if key in memo:
             return memo[key]
@@ -192,20 +197,20 @@ class BlockTasks:
         return node
 
     def __call__(self, keys: Sequence[Key]) -> Batch:
-        memo: dict = {}
+        memo: dict[Key, _Call | _Block] = {}
         return Batch(list(keys), [self.node(key, memo, root=True) for key in keys])
 
 
 class Batch:
     """The nodes of a batch's keys, submitted to a distributed client or computed in this process."""
 
-    def __init__(self, keys: list, roots: list[_Call | _Block]):
+    def __init__(self, keys: list[Key], roots: list[_Call | _Block]):
         self.keys, self.roots = keys, roots
 
     def _blocks(self) -> list[_Block]:
         found: dict[int, _Block] = {}
 
-        def walk(value: Any) -> None:
+        def walk(value: object) -> None:
             if isinstance(value, _Block):
                 found.setdefault(id(value), value)
             elif isinstance(value, _Call):
@@ -219,7 +224,7 @@ class Batch:
             walk(root)
         return list(found.values())
 
-    def submit(self, client: Any) -> list:
+    def submit(self, client: Client) -> list[Future[Any]]:
         """Futures of the batch's keys: each non-inline call one task, its inputs' futures as arguments (the
         scheduler runs it where they are); the other collections' blocks in one ``client.compute``."""
         blocks = self._blocks()
@@ -252,15 +257,15 @@ class Batch:
             # results on the workers, would live until the garbage collector runs
             done.clear()
 
-    def compute(self) -> list:
+    def compute(self) -> list[Any]:
         """The values of the batch's keys, computed in this thread (the other collections' blocks in one
         synchronous ``dask.compute``)."""
-        import dask
+        from dask.base import compute
 
         blocks = self._blocks()
         done: dict[int, Any] = {}
         if blocks:
-            values = dask.compute(*(b.collection.blocks[b.index] for b in blocks), scheduler="synchronous")
+            values = compute(*(b.collection.blocks[b.index] for b in blocks), scheduler="synchronous")
             done.update({id(b): v for b, v in zip(blocks, values)})
 
         def run(value: Any) -> Any:
@@ -291,7 +296,7 @@ def run_units(
     build: Callable[[Sequence[Key]], Batch],
     *,
     total: int,
-    client: Any = None,
+    client: Client | None = None,
     max_in_flight: int | None = None,
     on_result: Callable[[Key, Any], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -353,16 +358,16 @@ class _Feed:
     def __init__(self, units: Iterator[Sequence[Key]], size: Callable[[Key], int]):
         self.units = units
         self.size = size
-        self.head: list | None = self._next()
+        self.head: list[Key] | None = self._next()
 
-    def _next(self) -> list | None:
+    def _next(self) -> list[Key] | None:
         for unit in self.units:
             keys = list(unit)
             if keys:
                 return keys
         return None
 
-    def take_one(self) -> list | None:
+    def take_one(self) -> list[Key] | None:
         """The next unit (None when all are taken)."""
         unit, self.head = self.head, self._next() if self.head is not None else None
         return unit
@@ -370,9 +375,9 @@ class _Feed:
     def blocks(self, keys: Iterable[Key]) -> int:
         return sum(self.size(key) for key in keys)
 
-    def take(self, in_flight: int, cap: int) -> list[list]:
+    def take(self, in_flight: int, cap: int) -> list[list[Key]]:
         """Units while ``in_flight`` blocks plus theirs fit in ``cap`` (at least one when nothing is in flight)."""
-        taken: list[list] = []
+        taken: list[list[Key]] = []
         while self.head is not None and (in_flight == 0 or in_flight + self.blocks(self.head) <= cap):
             taken.append(self.head)
             in_flight += self.blocks(self.head)
@@ -380,11 +385,11 @@ class _Feed:
         return taken
 
 
-def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], client: Any, cap: int,
+def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], client: Client, cap: int,
                      on_result: Callable[[Key, Any], None] | None, count: _Counter) -> None:
     from distributed import as_completed
 
-    in_flight: dict[Any, Key] = {}  # future -> key
+    in_flight: dict[Future[Any], Key] = {}  # future -> key
     # bound to this client's loop: without it as_completed looks for a *default* client
     completed = as_completed(loop=client.loop, raise_errors=False)
 
@@ -418,7 +423,7 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
             in_flight.clear()
 
 
-def settled(future: Any, key: Key, wanted: bool = True) -> Any:
+def settled(future: Future[Any], key: Key, wanted: bool = True) -> Any:
     """The value of a future that ``as_completed`` gave back (None when not ``wanted`` and it finished).
 
     Its status is read later than it was given back: a worker that dies after finishing the block loses its
@@ -444,7 +449,7 @@ def _run_local(feed: _Feed, build: Callable[[Sequence[Key]], Batch], cap: int,
                     on_result(key, value)
                 count(key)
         return
-    in_flight: dict[concurrent.futures.Future, list] = {}  # one pool job per unit
+    in_flight: dict[concurrent.futures.Future[list[Any]], list[Key]] = {}  # one pool job per unit
     executor = concurrent.futures.ThreadPoolExecutor(local_threads(), thread_name_prefix="rasterflow-write")
 
     def submit() -> None:

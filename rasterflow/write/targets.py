@@ -8,12 +8,21 @@ not branch on the format. Everything comes from the plan (:class:`rasterflow.pla
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rasterflow.planning import JobPlan
-from rasterflow.write.describe import leading_coords
+from rasterflow.write.describe import RunDescription, leading_coords
+from rasterflow.write.encoding import Encoding
+from rasterflow.write.result import WriteResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
+    from distributed import Client
+
+    from rasterflow.outputs import Existing
+    from rasterflow.tiling import TileLayout, TilesResult
 
 __all__ = ["Output", "ZarrOutput", "CogOutput", "TiledOutput", "WriteContext", "output_for", "leading_coords"]
 
@@ -25,10 +34,11 @@ class WriteContext:
     """What every write of a run shares: the description, the resolved encoding and the writer options made from
     the plan (:func:`rasterflow.commands.output_options`), the software versions for STAC."""
 
-    description: Any
-    encoding: Any
-    options: dict
-    software: dict
+    description: RunDescription
+    encoding: Encoding
+    options: dict[str, Any]
+    """Keyword arguments of the format's writer (``write_zarr`` / ``write_cog``)."""
+    software: Mapping[str, str | None]
 
 
 class Output(Protocol):
@@ -41,16 +51,16 @@ class Output(Protocol):
         """Every file (or store) the output consists of once complete."""
         ...
 
-    def inspect(self, input_hrefs: Sequence[str]) -> Any:
+    def inspect(self, input_hrefs: Sequence[str]) -> Existing:
         """What is there already (:class:`rasterflow.outputs.Existing`), touching nothing."""
         ...
 
-    def write(self, dataset: Any, context: WriteContext, *, job_id: str, replace: bool, redo_all: bool,
-              client: Any, progress: Progress) -> Any:
+    def write(self, dataset: xr.Dataset, context: WriteContext, *, job_id: str, replace: bool, redo_all: bool,
+              client: Client | None, progress: Progress) -> WriteResult:
         """Compute ``dataset`` and commit it; returns the writer's result (``WriteResult`` / ``TilesResult``)."""
         ...
 
-    def write_stac(self, result: Any, context: WriteContext) -> Any:
+    def write_stac(self, result: WriteResult, context: WriteContext) -> WriteResult:
         """The STAC documents of a committed output (after the data: an Item's presence means it is complete);
         returns the result with any file it adds."""
         ...
@@ -68,12 +78,12 @@ class _Single:
     def files(self) -> list[str]:
         raise NotImplementedError
 
-    def inspect(self, input_hrefs: Sequence[str]) -> Any:
+    def inspect(self, input_hrefs: Sequence[str]) -> Existing:
         from rasterflow.outputs import inspect_existing
 
         return inspect_existing(self.path, self.plan.output.format, self.files(), input_hrefs)
 
-    def write_stac(self, result: Any, context: WriteContext) -> Any:
+    def write_stac(self, result: WriteResult, context: WriteContext) -> WriteResult:
         from rasterflow.write.stac import write_stac
 
         write_stac(result, self.plan, context.description, output_path=self.path, encoding=context.encoding,
@@ -88,8 +98,8 @@ class ZarrOutput(_Single):
     def files(self) -> list[str]:
         return [self.path]
 
-    def write(self, dataset: Any, context: WriteContext, *, job_id: str, replace: bool, redo_all: bool,
-              client: Any, progress: Progress) -> Any:
+    def write(self, dataset: xr.Dataset, context: WriteContext, *, job_id: str, replace: bool, redo_all: bool,
+              client: Client | None, progress: Progress) -> WriteResult:
         from rasterflow.write import write_zarr
 
         return write_zarr(dataset, self.path, overwrite=replace, compression=self.plan.output.compression,
@@ -115,8 +125,8 @@ class CogOutput(_Single):
 
         return cog_output_paths(self.path, leading_coords(self.plan))
 
-    def write(self, dataset: Any, context: WriteContext, *, job_id: str, replace: bool, redo_all: bool,
-              client: Any, progress: Progress) -> Any:
+    def write(self, dataset: xr.Dataset, context: WriteContext, *, job_id: str, replace: bool, redo_all: bool,
+              client: Client | None, progress: Progress) -> WriteResult:
         from rasterflow.write import write_cog
 
         return write_cog(dataset, self.path, overwrite=replace, compression=self.plan.output.compression,
@@ -138,27 +148,27 @@ class TiledOutput:
 
     plan: JobPlan
     path: str
-    tiles: Any
-    """The :class:`rasterflow.tiling.TileLayout`."""
+    tiles: TileLayout
 
     def files(self) -> list[str]:
         return list(self.tiles.files())
 
-    def inspect(self, input_hrefs: Sequence[str]) -> Any:
+    def inspect(self, input_hrefs: Sequence[str]) -> Existing:
         from rasterflow.tiling import inspect_tiles
 
         return inspect_tiles(self.tiles, list(input_hrefs))
 
-    def write(self, dataset: Any, context: WriteContext, *, job_id: str, replace: bool, redo_all: bool,
-              client: Any, progress: Progress) -> Any:
+    def write(self, dataset: xr.Dataset, context: WriteContext, *, job_id: str, replace: bool, redo_all: bool,
+              client: Client | None, progress: Progress) -> TilesResult:
         from rasterflow.tiling import tiles_to_write, write_tiles
         from rasterflow.write.stac import StacContext
 
         options = {k: v for k, v in context.options.items() if k != "file_metadata"}  # per tile: its own tags
 
-        def write_one(ds: Any, path: str, *, overwrite: bool, progress: Any, file_metadata: Any) -> Any:
+        def write_one(ds: xr.Dataset, path: str, *, overwrite: bool, progress: Progress,
+                      file_metadata: Mapping[str, Mapping[str, Any]] | None) -> WriteResult:
             single = (ZarrOutput if self.plan.output.format == "zarr" else CogOutput)(self.plan, path)
-            extra = {} if self.plan.output.format == "zarr" else {"file_metadata": file_metadata}
+            extra: dict[str, Any] = {} if self.plan.output.format == "zarr" else {"file_metadata": file_metadata}
             return single.write(ds, replace_options(context, {**options, **extra}), job_id=job_id,
                                 replace=overwrite, redo_all=False, client=client, progress=progress)
 
@@ -168,9 +178,11 @@ class TiledOutput:
         return write_tiles(dataset, self.tiles, todo, kept, fingerprint=job_id, write_one=write_one, stac=stac,
                            progress=progress)
 
-    def write_stac(self, result: Any, context: WriteContext) -> Any:
-        from rasterflow.tiling import finish_tiles
+    def write_stac(self, result: WriteResult, context: WriteContext) -> WriteResult:
+        from rasterflow.tiling import TilesResult, finish_tiles
         from rasterflow.write.stac import StacContext
+
+        assert isinstance(result, TilesResult), "a tiled output's result is what its write gave (TilesResult)"
 
         # the tiles' Items were written with each tile; here the Collection and the VRTs
         vrts = finish_tiles(self.tiles, result, StacContext(self.plan, context.description, self.path,
@@ -186,7 +198,7 @@ class TiledOutput:
         return what_is_left(self.tiles, job_id)
 
 
-def replace_options(context: WriteContext, options: dict) -> WriteContext:
+def replace_options(context: WriteContext, options: dict[str, Any]) -> WriteContext:
     """``context`` with other writer options."""
     return replace(context, options=options)
 

@@ -65,7 +65,7 @@ import os
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask
 import dask.array as da
@@ -94,6 +94,16 @@ from rasterflow.write.regions import ZarrFormat, join as _join, write_region as 
 from rasterflow.write.shards import SHARDS_IN_FLIGHT, shard_side
 from rasterflow.write.stac import BlockStats
 
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy.typing as npt
+    import zarr
+    from distributed import Client
+    from numcodecs.abc import Codec
+    from zarr.abc.codec import BytesBytesCodec
+
+    from rasterflow.layers import Task
+    from rasterflow.write.submit import Key
+
 __all__ = ["write_zarr", "is_complete_zarr", "ZARR_FORMAT", "ZARR_FORMATS", "MARKER_DIR"]
 
 #: The default Zarr format: 2, the one GDAL (and so QGIS) opens; see the module docstring.
@@ -111,7 +121,7 @@ MARKER_DIR = ".rasterflow/done"
 # preparing the dataset and the template
 
 
-def _compressors(name: str, zarr_format: ZarrFormat) -> list | None:
+def _compressors(name: str, zarr_format: ZarrFormat) -> list[Codec] | list[BytesBytesCodec] | None:
     if zarr_format == 2:
         # numcodecs' codecs are the v2 ones; GDAL's Zarr driver decodes zstd, zlib and blosc
         import numcodecs
@@ -138,7 +148,7 @@ def _regular(chunks: tuple[int, ...]) -> bool:
     return all(c == chunks[0] for c in chunks[:-1]) and chunks[-1] <= chunks[0]
 
 
-def _crs_attr(ds: xr.Dataset) -> dict | None:
+def _crs_attr(ds: xr.Dataset) -> dict[str, str] | None:
     """GDAL's ``_CRS`` array attribute (``{"wkt": ...}``), or None when the dataset has no CRS."""
     from rasterflow.georef import crs_of
 
@@ -227,7 +237,7 @@ def _write_template(ds: xr.Dataset, store: str, fingerprint: str, zarr_format: Z
                          safe_chunks=False)
 
 
-def _layout_matches(ds: xr.Dataset, store: str, stored_dtype: Any) -> bool:
+def _layout_matches(ds: xr.Dataset, store: str, stored_dtype: npt.DTypeLike) -> bool:
     """Whether the store's arrays have the shapes, chunks, shards and dtypes this dataset would write."""
     import zarr
 
@@ -290,7 +300,7 @@ def _finish(store: str, zarr_format: ZarrFormat) -> None:
         zarr.consolidate_metadata(store, zarr_format=zarr_format)
 
 
-def _complete_grid_mapping(group: Any) -> None:
+def _complete_grid_mapping(group: zarr.Group) -> None:
     """Add the CF grid-mapping parameters to the store's grid mapping (``rasterflow.georef``: the graph writes its
     WKT and GeoTransform, pyproj is loaded only now, after the compute)."""
     from rasterflow.georef import GRID_MAPPING, cf_grid_mapping, needs_cf
@@ -372,7 +382,7 @@ def _writer_key(name: str, token: str) -> str:
 
 def _write_units(prepared: xr.Dataset, names: list[str], done: dict[str, set[tuple[int, ...]]], side: int, *,
                  store: str, markers: str, zarr_format: ZarrFormat, encoding: Encoding | None,
-                 token: str) -> tuple[Callable[[Any], Any], Callable[[Any], int], Iterator[list], int, int]:
+                 token: str) -> tuple[Callable[[Key], Task | None], Callable[[Key], int], Iterator[list[Key]], int, int]:
     """The write tasks of the job, made per batch: a task maker (Dask's graph specification: a tuple with the
     function first), the units (the regions of one spatial position: every variable and leading index, as they
     share their upstream tasks), the Dask blocks of a region's key, and the counts of Dask blocks to write and
@@ -380,8 +390,9 @@ def _write_units(prepared: xr.Dataset, names: list[str], done: dict[str, set[tup
     from dask.utils import apply
 
     first = prepared[names[0]].data
-    lead_blocks = first.numblocks[:-2]
-    ny, nx = first.numblocks[-2:]
+    lead_blocks: tuple[int, ...] = first.numblocks[:-2]
+    ny: int = first.numblocks[-2]
+    nx: int = first.numblocks[-1]
     sy, sx = -(-ny // side), -(-nx // side)  # write regions (shards) per axis
     offsets = [np.concatenate([[0], np.cumsum(c)]).astype(int) for c in first.chunks]
     writers = {_writer_key(name, token): name for name in names}
@@ -391,10 +402,10 @@ def _write_units(prepared: xr.Dataset, names: list[str], done: dict[str, set[tup
     def blocks_in(si: int, sj: int) -> int:
         return (min(ny, (si + 1) * side) - si * side) * (min(nx, (sj + 1) * side) - sj * side)
 
-    def weight(key: Any) -> int:
+    def weight(key: Key) -> int:
         return blocks_in(key[-2], key[-1])
 
-    def task(key: Any) -> Any:
+    def task(key: Key) -> Task | None:
         if not (isinstance(key, tuple) and key and key[0] in writers):
             return None
         name = writers[key[0]]
@@ -410,7 +421,7 @@ def _write_units(prepared: xr.Dataset, names: list[str], done: dict[str, set[tup
                       region=region, marker=".".join(str(int(i)) for i in (*lead, si, sj)), columns=len(cols))
         return (apply, _write_region, [blocks], kwargs)
 
-    def units() -> Iterator[list]:
+    def units() -> Iterator[list[Key]]:
         for si in range(sy):
             for sj in range(sx):
                 unit = [(writer, *lead, si, sj) for writer, name in writers.items() for lead in leads
@@ -432,7 +443,7 @@ def write_zarr(
     overwrite: bool = False,
     compression: str = "zstd",
     fingerprint: str,
-    client: Any = None,
+    client: Client | None = None,
     progress: Callable[[int, int], None] | None = None,
     zarr_format: ZarrFormat = ZARR_FORMAT,
     encoding: Encoding | None = None,
@@ -487,6 +498,7 @@ def write_zarr(
     remote = is_remote(path)
     store = zarr_staging_path(path)  # staged for local paths and object stores alike
     prepared, stored, side = _prepare(ds, codec, zarr_format, encoding, shards)
+    assert stored.dtype is not None  # _prepare resolves the encoding's dtype
     # float output without scaling is written as computed: no per-block encoding work
     computed = np.result_type(*(prepared[n].dtype for n in prepared.data_vars))
     as_computed = (not stored.is_scaled and np.dtype(stored.dtype) == computed
@@ -527,7 +539,7 @@ def write_zarr(
         client = submit.default_client(client)
         writer_names = {_writer_key(name, token): name for name in names}
 
-        def keep_statistics(key: Any, chunks: Mapping[tuple[int, ...], BlockStats]) -> None:
+        def keep_statistics(key: Key, chunks: Mapping[tuple[int, ...], BlockStats]) -> None:
             statistics.setdefault(writer_names[key[0]], {}).update(chunks)
 
         build = submit.BlockTasks([prepared[n].data for n in names], task)
