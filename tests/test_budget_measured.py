@@ -181,8 +181,12 @@ def test_measured_peak_is_within_the_band_of_the_projection(name, scenes, tmp_pa
         ok = LOW <= predicted / worker <= HIGH
         return ok and (not cog or LOW <= predicted_client / client <= HIGH)
 
-    if not inside(measured, measured_client):  # once more: the higher measured peaks count
-        _, again, _, again_client = peaks(run_measured(spec_path, tmp_path / "report.json"))
+    if not inside(measured, measured_client):  # once more (a new output: the first is kept): the higher peaks count
+        again_dir = tmp_path / "again"
+        again_dir.mkdir()
+        again_spec = again_dir / "spec.yaml"
+        again_spec.write_text(yaml.safe_dump(spec_data(case, scenes, again_dir), sort_keys=False))
+        _, again, _, again_client = peaks(run_measured(again_spec, again_dir / "report.json"))
         measured = max(measured, again)
         measured_client = max(measured_client or 0, again_client or 0) or None
     words = (f"{name}: worker predicted {predicted / MB:.0f} MB, measured {measured / MB:.0f} MB, "
