@@ -681,22 +681,3 @@ def test_cog_floating_point_predictor_refuses_integers(tmp_path):
     assert not os.listdir(tmp_path)
 
 
-def test_period_time_ranges_match_the_period_labels():
-    import datetime as dt
-
-    from rasterflow.kernels import period_labels
-    from rasterflow.write.describe import _period_bounds
-
-    utc = dt.timezone.utc
-    last = dt.timedelta(microseconds=1)
-    assert _period_bounds("2024-02", "month") == (dt.datetime(2024, 2, 1, tzinfo=utc),
-                                                  dt.datetime(2024, 3, 1, tzinfo=utc) - last)
-    assert _period_bounds("2024-12", "month")[1] == dt.datetime(2025, 1, 1, tzinfo=utc) - last
-    assert _period_bounds("2024", "year")[0] == dt.datetime(2024, 1, 1, tzinfo=utc)
-    # December counts to the next year's DJF, as period_labels says
-    days = np.arange(np.datetime64("2023-01-01"), np.datetime64("2025-12-31"), np.timedelta64(5, "D"))
-    for period in ("month", "season", "year"):
-        for day, label in zip(days, period_labels(list(days), period)):
-            start, end = _period_bounds(label, period)
-            instant = dt.datetime.fromisoformat(str(day)).replace(tzinfo=utc)
-            assert start <= instant <= end, (period, label, day)
