@@ -558,8 +558,18 @@ def _update_plan(loaded: Any, plan: JobPlan, output_path: str, files: dict[str, 
     subset_ids = {id(item) for period in stale for item in by_period[period]}
     subset = [item for item in plan.items if id(item) in subset_ids]
     partial = plan_with_items(loaded, subset, layout)
-    if set(partial.period_labels) != stale:  # the subset must make exactly those periods, or do it all
+    if partial.program is None:
         return plan, []
+    # every period of the window is in a plan; the partial one writes only the stale periods (the others' files
+    # are kept as they are)
+    keep = [k for k, label in enumerate(partial.period_labels) if label in stale]
+    if {partial.period_labels[k] for k in keep} != stale:  # the subset must make exactly those periods, or do all
+        return plan, []
+    from dataclasses import replace
+
+    program = replace(partial.program, groups=tuple(partial.program.groups[k] for k in keep))
+    partial = replace(partial, program=program, period_labels=tuple(partial.period_labels[k] for k in keep),
+                      period_bounds=tuple(partial.period_bounds[k] for k in keep))
     return partial, kept
 
 
