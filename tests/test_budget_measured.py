@@ -34,6 +34,10 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 SIZE, DATES, BLOCK = 3072, 6, 512
 LOW, HIGH = 0.90, 1.30
+CLIENT_HIGH_SEVERAL_BLOCKS = 1.45
+"""The COG client's model counts two finished blocks received at once (budget.constants.CLIENT_RESULTS_RECEIVED),
+the worst case of two threads finishing together; whether a run sees it is timing. Measured on 4 blocks of 1536²:
+client 347-447 MB against 477 predicted (clean-clone CI and this machine, 2026-12-05): never under, up to 1.37 over."""
 MB = 10**6
 
 EXPRESSIONS = {
@@ -177,9 +181,11 @@ def test_measured_peak_is_within_the_band_of_the_projection(name, scenes, tmp_pa
     if cog:
         assert predicted_client and measured_client
 
+    client_high = HIGH if model.inputs.n_spatial_chunks == 1 else CLIENT_HIGH_SEVERAL_BLOCKS
+
     def inside(worker: int, client: int | None) -> bool:
         ok = LOW <= predicted / worker <= HIGH
-        return ok and (not cog or LOW <= predicted_client / client <= HIGH)
+        return ok and (not cog or LOW <= predicted_client / client <= client_high)
 
     if not inside(measured, measured_client):  # once more (a new output: the first is kept): the higher peaks count
         again_dir = tmp_path / "again"
@@ -197,4 +203,4 @@ def test_measured_peak_is_within_the_band_of_the_projection(name, scenes, tmp_pa
     print(words)
     assert LOW <= predicted / measured <= HIGH, f"{words}\n  model: {model.formula}"
     if cog:
-        assert LOW <= predicted_client / measured_client <= HIGH, words
+        assert LOW <= predicted_client / measured_client <= client_high, words

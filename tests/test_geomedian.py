@@ -4,6 +4,7 @@ geomad on the whole tile, NaN handling and count, and the memory formula."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tracemalloc
@@ -232,25 +233,36 @@ def test_numpy_allocations_within_the_formula(t, b, side, work_pixels):
 
 
 _RSS_CHILD = r"""
-import json, resource
+import json
 import numpy as np
 from rasterflow.geomedian import geomedian_block
+
+def status(key):
+    with open("/proc/self/status") as lines:
+        return next(int(line.split()[1]) * 1024 for line in lines if line.startswith(key + ":"))
+
 stack = np.empty((36, 4, 256, 256), dtype=np.float32)
 rng = np.random.default_rng(0)
 for date in range(36):
     stack[date] = rng.uniform(0.02, 0.5, size=(4, 256, 256))
     stack[date][:, rng.random((256, 256)) < 0.3] = np.nan
 geomedian_block(stack[:, :, :1], work_pixels=None)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+before = status("VmRSS")
+with open("/proc/self/clear_refs", "w") as reset:  # resets VmHWM to the current RSS (Linux >= 4.0)
+    reset.write("5")
 geomedian_block(stack, work_pixels=None)
-print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before))
+print(json.dumps(status("VmHWM") - before))
 """
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_process_peak_within_the_formula():
-    """The OS's view (ru_maxrss of a fresh process) of one 256² x 36-date x 4-band slab."""
-    done = subprocess.run([sys.executable, "-c", _RSS_CHILD], capture_output=True, text=True, check=True, timeout=300)
+    """The OS's view (the peak resident set over the call, in a fresh process) of one 256² x 36-date x 4-band slab.
+    A fixed mmap threshold keeps glibc from serving the kernel's arrays out of heap freed by the warm-up."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+    done = subprocess.run([sys.executable, "-c", _RSS_CHILD], capture_output=True, text=True, check=True,
+                          timeout=300, env=env)
     grown = json.loads(done.stdout.strip().splitlines()[-1])
     bound = geomedian_work_bytes(36, 4, 256 * 256) + geomedian_output_bytes(4, 256 * 256)
-    assert 0.5 * bound <= grown <= bound, (grown, bound)
+    assert 0.5 * bound <= grown <= 1.05 * bound, (grown, bound)  # 5%: pages, the interpreter's own allocations
