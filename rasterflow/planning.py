@@ -958,15 +958,17 @@ def _budget_details(spec: Any, times: Sequence[str], sources: SourceTable, layou
     ``times`` from :func:`output_dates`), the largest period, the machine the client (and a LocalCluster) runs
     on, and from the chunk index what one task holds: its items, dates and files (``index.depth``)."""
 
-    group_dates = None
+    group_dates = n_periods = None
     if spec.reduce_period and times:
         _, groups, _ = plan_periods(spec, times)
         group_dates = max((len(g) for g in groups), default=0) or None
+        n_periods = len(groups) or None
     return {
         "asset_dtypes": tuple(a.load_dtype for a in sources.assets),
         "coverage_assets": sum(1 for a in sources.assets if a.fill is None),
         "n_dates": max(1, len(times)),
         "group_dates": group_dates,
+        "n_periods": n_periods,
         "machine_memory": local_machine().memory_bytes,
         "workers_local": layout.source == "local",
         "files_per_chunk": index.most_files,

@@ -26,7 +26,7 @@ def _cog_files(shape: PipelineShape, inputs: BudgetInputs) -> int:
         return inputs.dates
     files = max(1, shape.n_quantiles if shape.reduce_method == "quantile" and not shape.statistics else 1)
     if shape.has_period:
-        files *= math.ceil(inputs.dates / max(1, inputs.group_dates or inputs.dates))
+        files *= inputs.n_periods or math.ceil(inputs.dates / max(1, inputs.group_dates or inputs.dates))
     return files
 
 

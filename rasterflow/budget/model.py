@@ -156,6 +156,9 @@ class BudgetInputs:
     """Output dates (passes with ``group_by: solar_day``); None = one per item."""
     group_dates: int | None = None
     """Dates in the largest period (``reduce.period``); None = every date."""
+    n_periods: int | None = None
+    """Periods in the output (``reduce.period``: every period of the window, empty ones too); None = estimated from
+    the dates and :attr:`group_dates`."""
     machine_memory: int | None = None
     """RAM of the machine this process (the client) runs on; None = not checked."""
     workers_local: bool = True

@@ -465,7 +465,8 @@ def _tree_partials_held(shape: PipelineShape, inputs: BudgetInputs, task: TaskSh
     partials = inputs.n_time_chunks
     if shape.has_period:
         group = min(inputs.group_dates or task.dates, inputs.n_time)
-        partials = _n_groups(shape, inputs) * min(inputs.n_time_chunks, math.ceil(group / inputs.time_per_chunk) + 1)
+        partials = _n_groups_with_dates(inputs) * min(inputs.n_time_chunks,
+                                                      math.ceil(group / inputs.time_per_chunk) + 1)
     if not own:
         partials = max(0, partials - 1)
     return int(partials * len(shape.bands) * _tree_partial(shape, inputs, task))
@@ -538,6 +539,12 @@ def _n_groups(shape: PipelineShape, inputs: BudgetInputs) -> int:
     date: the period's subset is then counted at its largest, the small per-period results at one."""
     if not shape.has_period:
         return 1
+    return inputs.n_periods or _n_groups_with_dates(inputs)
+
+
+def _n_groups_with_dates(inputs: BudgetInputs) -> int:
+    """Periods that hold dates (an empty period has no partials): at most every date's own, at least the dates over
+    the largest period's."""
     return math.ceil(inputs.dates / max(1, inputs.group_dates or inputs.dates))
 
 
