@@ -19,6 +19,7 @@ __all__ = [
     "ExpressionError",
     "BudgetExceededError",
     "CatalogError",
+    "CatalogFileError",
     "NoItemsFoundError",
     "OutputExistsError",
     "ClusterError",
@@ -135,6 +136,13 @@ class BudgetExceededError(RasterflowError, MemoryError):
 
 class CatalogError(RasterflowError, RuntimeError):
     """The STAC catalog could not be searched or read."""
+
+
+class CatalogFileError(CatalogError, FileNotFoundError):
+    """The spec's local catalog file does not exist or is of a kind rasterflow does not read: the spec is at fault
+    (exit 2, as any other invalid value), not the run."""
+
+    exit_code = ExitCode.INVALID
 
 
 class NoItemsFoundError(CatalogError, LookupError):

@@ -76,3 +76,22 @@ def test_spec_import_does_not_load_heavy_libraries():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("catalog, words", [("nowhere/items.json", "catalog file not found"),
+                                            ("items.csv", "unsupported catalog file")])
+def test_a_missing_or_unreadable_catalog_file_is_an_invalid_spec(tmp_path, catalog, words):
+    """plan and run exit 2 (plan's documented codes are 0, 2, 3), naming the spec's line and leaving no output."""
+    text = (ROOT / "pipelines" / "demo.yaml").read_text()
+    lines = text.splitlines()
+    line = next(i for i, each in enumerate(lines, 1) if each.strip().startswith("catalog:"))
+    lines[line - 1] = lines[line - 1].split("catalog:")[0] + f"catalog: {catalog}"
+    (tmp_path / "items.csv").write_text("id\n")
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("\n".join(lines) + "\n")
+    for verb in ("plan", "run"):
+        result = CliRunner().invoke(cli, [verb, str(spec)])
+        assert result.exit_code == 2, (verb, result.output)
+        assert f"bad.yaml:{line}" in result.output and words in result.output, result.output
+        assert "Traceback" not in result.output
+    assert not [p for p in tmp_path.iterdir() if p.suffix in (".zarr", ".tif")]

@@ -23,7 +23,7 @@ from rasterflow.catalog.query import (
     item_datetime_range,
     match_query,
 )
-from rasterflow.errors import CatalogError
+from rasterflow.errors import CatalogError, CatalogFileError
 from rasterflow.sources import gc_paused
 
 __all__ = ["SUPPORTED_SUFFIXES", "read_local_items"]
@@ -77,12 +77,12 @@ def read_local_items(path: Path) -> list[dict[str, Any]]:
     """Every item in a local ``.json`` / ``.ndjson`` / ``.parquet`` file, as plain dicts."""
     suffix = path.suffix.lower()
     if suffix not in SUPPORTED_SUFFIXES:
-        raise CatalogError(
+        raise CatalogFileError(
             f"unsupported catalog file {path} ({suffix or 'no extension'}): supported are .json (an ItemCollection "
             "or a list of items), .ndjson (one item per line), .parquet (stac-geoparquet), or an http(s) STAC API URL"
         )
     if not path.is_file():
-        raise CatalogError(f"catalog file not found: {path}" + (" (it is a directory)" if path.is_dir() else ""))
+        raise CatalogFileError(f"catalog file not found: {path}" + (" (it is a directory)" if path.is_dir() else ""))
     if suffix == ".parquet":
         import rustac
 
