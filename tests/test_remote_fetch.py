@@ -168,6 +168,24 @@ def test_every_codec_predictor_dtype_edge_and_sparse_tile_equals_gdal_over_http(
     collect("codecs")
 
 
+def _equal_gdal_and_missing_is_404(files: Path, names: list[str], hrefs: list[str], run_id: str) -> None:
+    """Every window of ``hrefs`` (the files ``names`` on an object store) equals GDAL's read of the local file; a
+    missing object next to them is an HTTP 404 naming its href, never retried."""
+    dtypes = [FILES[n][0] if n in FILES else "uint16" for n in names]
+    windows = _windows(512, 512)
+    reads = [_read(n, h) for n, h in zip(names, hrefs)]
+    results, _ = _read_all(reads, windows, ReadPolicy(retry=FAST, run_id=run_id), dtypes)
+    for i, name in enumerate(names):
+        for rows, cols in windows:
+            expected, _ = _gdal_window(files / f"{name}.tif", rows, cols, dtypes[i])
+            np.testing.assert_array_equal(results[(i, rows, cols)][0], expected, err_msg=name)
+    missing_href = hrefs[0].rsplit("/", 1)[0] + "/missing.tif"
+    with pytest.raises(ReadFailedError, match="HTTP 404") as caught:
+        _read_all([_read("missing", missing_href)], windows[:1],
+                  ReadPolicy(retry=FAST, run_id=f"{run_id}-missing"), ["uint16"])
+    assert missing_href in str(caught.value) and caught.value.attempts == 1
+
+
 def test_s3_reads_through_moto_equal_gdal(files, monkeypatch):
     boto3 = pytest.importorskip("boto3")
     from s3_server import moto_server
@@ -184,19 +202,7 @@ def test_s3_reads_through_moto_equal_gdal(files, monkeypatch):
         names = ["u16_zstd_pred2", "u8_lzw", "f32_zstd_pred3", "u16_sparse_nodata", "cog"]
         for name in names:
             s3.upload_file(str(files / f"{name}.tif"), "cogs", f"deep/path/{name}.tif")
-        dtypes = [FILES[n][0] if n in FILES else "uint16" for n in names]
-        windows = _windows(512, 512)
-        reads = [_read(n, f"s3://cogs/deep/path/{n}.tif") for n in names]
-        results, _ = _read_all(reads, windows, ReadPolicy(retry=FAST, run_id="s3"), dtypes)
-        for i, name in enumerate(names):
-            for rows, cols in windows:
-                expected, covered = _gdal_window(files / f"{name}.tif", rows, cols, dtypes[i])
-                np.testing.assert_array_equal(results[(i, rows, cols)][0], expected, err_msg=name)
-        # a missing key: HTTP 404 naming the s3 href, never retried
-        missing = _read("missing", "s3://cogs/deep/path/missing.tif")
-        with pytest.raises(ReadFailedError, match="HTTP 404") as caught:
-            _read_all([missing], windows[:1], ReadPolicy(retry=FAST, run_id="s3-missing"), ["uint16"])
-        assert "s3://cogs/deep/path/missing.tif" in str(caught.value) and caught.value.attempts == 1
+        _equal_gdal_and_missing_is_404(files, names, [f"s3://cogs/deep/path/{n}.tif" for n in names], "s3")
         assert collect("s3-missing")["retries"] == {}
         io = collect("s3")["io"]
         assert io["header_reads"] == len(names) and io["requests"] > len(names)
@@ -227,22 +233,11 @@ def test_azure_reads_through_azurite_equal_gdal(files, monkeypatch):
                 obstore.put(store, f"deep/{name}.tif", (files / f"{name}.tif").read_bytes())
         except Exception as err:  # Azurite wants the container made first
             pytest.fail(f"could not upload to Azurite: {err}")
-        dtypes = [FILES[n][0] if n in FILES else "uint16" for n in names]
-        windows = _windows(512, 512)
         hrefs = [f"az://cogs/deep/{n}.tif" if i % 2 else f"abfs://cogs@{ACCOUNT}.dfs.core.windows.net/deep/{n}.tif"
                  for i, n in enumerate(names)]
         assert all(supported(h) for h in hrefs) and azure_location(hrefs[0]) == ("cogs", "deep/u16_zstd_pred2.tif",
                                                                                  ACCOUNT)
-        reads = [_read(n, h) for n, h in zip(names, hrefs)]
-        results, _ = _read_all(reads, windows, ReadPolicy(retry=FAST, run_id="az"), dtypes)
-        for i, name in enumerate(names):
-            for rows, cols in windows:
-                expected, _ = _gdal_window(files / f"{name}.tif", rows, cols, dtypes[i])
-                np.testing.assert_array_equal(results[(i, rows, cols)][0], expected, err_msg=name)
-        missing = _read("missing", "az://cogs/deep/missing.tif")
-        with pytest.raises(ReadFailedError, match="HTTP 404") as caught:
-            _read_all([missing], windows[:1], ReadPolicy(retry=FAST, run_id="az-missing"), ["uint16"])
-        assert "az://cogs/deep/missing.tif" in str(caught.value) and caught.value.attempts == 1
+        _equal_gdal_and_missing_is_404(files, names, hrefs, "az")
         io = collect("az")["io"]
         assert io["header_reads"] == len(names) and io["requests"] > len(names)
 

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from rasterflow.read.policy import record_io
 from rasterflow.read.remote import ReadFailedError
@@ -47,6 +47,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from obstore.store import AzureConfig, AzureStore, ClientConfig, S3Config, S3Store
 
 __all__ = ["RangeClient", "Answer", "client", "close_all", "supported", "s3_config", "azure_config"]
+
+StoreT = TypeVar("StoreT")
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
 _STATUS_IN_TEXT = re.compile(r"(?:status(?: code)?|HTTP)[:\s]+(\d{3})\b", re.IGNORECASE)
@@ -318,46 +320,37 @@ class RangeClient:
             options["allow_http"] = True
         return options
 
-    def _remember_store(self, key: str, store: S3Store) -> None:
-        if len(self._stores) > 64:
-            self._stores.clear()
-        self._stores[key] = store
-
     def _store(self, bucket: str, policy: RetryPolicy) -> S3Store:
         """The bucket's store, for the environment as it is now (a changed endpoint or credentials make a new
         one: a long-lived worker may serve runs with different settings)."""
+        from obstore.store import S3Store
+
         config = s3_config()
-        key = repr((bucket, sorted(config.items()), policy.timeout))
-        store = self._stores.get(key)
-        if store is None:
-            from datetime import timedelta
-
-            from obstore.store import S3Store
-
-            # rasterflow retries (counted, reported): the store's own retries would hide the failures
-            store = S3Store(bucket, config=config,
-                            client_options=self._client_options(str(config.get("endpoint", "")), policy),
-                            retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=1)})
-            self._remember_store(key, store)
-        return store
-
+        return self._cached(self._stores, S3Store, bucket, config, str(config.get("endpoint", "")), policy)
 
     def _azure_store(self, container: str, account: str | None, policy: RetryPolicy) -> AzureStore:
         """The container's store for the environment as it is now (as :meth:`_store`)."""
+        from obstore.store import AzureStore
+
         config = azure_config(account=account)
-        key = repr((container, sorted(config.items()), policy.timeout))
-        store = self._azure_stores.get(key)
+        return self._cached(self._azure_stores, AzureStore, container, config, str(config.get("endpoint", "")),
+                            policy)
+
+    def _cached(self, cache: dict[str, StoreT], make: Callable[..., StoreT], where: str, config: Mapping[str, object],
+                endpoint: str, policy: RetryPolicy) -> StoreT:
+        """The store of ``where`` (a bucket or container) under ``config`` from ``cache``, made on first use; at most
+        64 kept."""
+        from datetime import timedelta
+
+        key = repr((where, sorted(config.items()), policy.timeout))
+        store = cache.get(key)
         if store is None:
-            from datetime import timedelta
-
-            from obstore.store import AzureStore
-
-            store = AzureStore(container, config=config,
-                               client_options=self._client_options(str(config.get("endpoint", "")), policy),
-                               retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=1)})
-            if len(self._azure_stores) > 64:
-                self._azure_stores.clear()
-            self._azure_stores[key] = store
+            # rasterflow retries (counted, reported): the store's own retries would hide the failures
+            store = make(where, config=config, client_options=self._client_options(endpoint, policy),
+                         retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=1)})
+            if len(cache) > 64:
+                cache.clear()
+            cache[key] = store
         return store
 
 
