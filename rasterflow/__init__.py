@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
     if name == "RunResult":  # the orchestrator (rasterflow.commands) imports more; the result type loads on use
         from rasterflow.commands import RunResult
 

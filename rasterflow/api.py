@@ -35,7 +35,7 @@ DICT_SPEC_NAME = "<spec dict>"
 paths are relative to the working directory."""
 
 
-def load_spec(spec: str | os.PathLike | Mapping[str, Any] | Any, *, variables: Mapping[str, str] | None = None,
+def load_spec(spec: str | os.PathLike[str] | Mapping[str, Any] | Any, *, variables: Mapping[str, str] | None = None,
               environ: Mapping[str, str] | None = None) -> LoadedSpec:
     """Read and validate a spec (``${VAR}`` from ``variables``, then ``environ``, default the environment).
 
@@ -121,9 +121,9 @@ def plan(spec: Any, *, variables: Mapping[str, str] | None = None, now: dt.datet
 
 
 def run(spec: Any, *, variables: Mapping[str, str] | None = None, overwrite: bool = False,
-        report_path: str | os.PathLike | None = None, progress: bool = False,
-        on_event: Callable[[str, dict], None] | None = None, handle_signals: bool = False,
-        state_dir: str | os.PathLike | None = None, now: dt.datetime | None = None) -> RunResult:
+        report_path: str | os.PathLike[str] | None = None, progress: bool = False,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None, handle_signals: bool = False,
+        state_dir: str | os.PathLike[str] | None = None, now: dt.datetime | None = None) -> RunResult:
     """Plan, check, compute and write one spec; returns the :class:`~rasterflow.commands.RunResult`.
 
     Parameters

@@ -49,7 +49,7 @@ def default_results_path() -> Path:
     return Path(os.environ.get(RESULTS_ENV) or Path(DEFAULT_STATE_DIR) / "run_results.json")
 
 
-def expand_spec_paths(args: Sequence[str | os.PathLike]) -> list[Path]:
+def expand_spec_paths(args: Sequence[str | os.PathLike[str]]) -> list[Path]:
     """Spec files named by ``args``: files as given, folders as their ``*.yaml`` / ``*.yml`` (sorted, not
     recursive), and glob patterns (``pipelines/*.yaml``, ``pipelines/**/*.yaml``). Each file once, in order.
 
@@ -139,7 +139,7 @@ class ResultsFile:
         return self.path
 
     @staticmethod
-    def read(path: str | os.PathLike) -> dict[str, Any]:
+    def read(path: str | os.PathLike[str]) -> dict[str, Any]:
         """A results file's content.
 
         Raises

@@ -146,9 +146,10 @@ class Expression:
         missing = sorted(self.names.difference(kinds))
         if missing:
             raise ExpressionError(f"no kind given for {', '.join(missing)}", self.text)
-        return _Evaluator(_KindOps(), {name: _Kind(kinds[name]) for name in self.names}, self.text).walk(
+        kind: str = _Evaluator(_KindOps(), {name: _Kind(kinds[name]) for name in self.names}, self.text).walk(
             self._tree.body
         ).kind
+        return kind
 
 
 def parse_expression(text: str, known_names: Iterable[str], *, what: str = "expression") -> Expression:
@@ -547,7 +548,7 @@ class _ArrayOps:
             import xarray
 
             if name == "where":
-                return xarray.where(*args)
+                return xarray.where(*args)  # type: ignore[no-untyped-call]  # xarray.where has no annotations
             return xarray.apply_ufunc(np.clip, *args, dask="allowed", keep_attrs=True)
         if name == "where" and "dask" in modules:
             import dask.array

@@ -144,7 +144,8 @@ class Planes:
 
     @property
     def spatial_shape(self) -> tuple[int, int]:
-        return self.raw[0].shape[1:]  # type: ignore[return-value]
+        height, width = self.raw[0].shape[1:]
+        return int(height), int(width)
 
     def item(self, t: int) -> Planes:
         """Item ``t`` alone, as one-item planes (views, no copy)."""
@@ -277,7 +278,7 @@ def _masked_assets(planes: Planes, t: int, program: Program, dtype: np.dtype) ->
 
 
 def _valid(env: dict[str, np.ndarray], names: Sequence[str]) -> np.ndarray:
-    valid = ~np.isnan(env[names[0]])
+    valid: np.ndarray = ~np.isnan(env[names[0]])
     for name in names[1:]:
         valid &= ~np.isnan(env[name])
     return valid
@@ -622,7 +623,7 @@ def std_partials(values: np.ndarray) -> np.ndarray:
 
 def combine_std_partials(parts: np.ndarray) -> np.ndarray:
     """Combine ``(k, 3, y, x)`` partials of k time chunks into one ``(3, y, x)`` (Chan et al.'s pairwise update)."""
-    total = parts[0].copy()
+    total: np.ndarray = parts[0].copy()
     count, mean, m2 = total[0], total[1], total[2]
     with np.errstate(invalid="ignore", divide="ignore"):
         for other in parts[1:]:
@@ -642,10 +643,11 @@ def finish_std(partials: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         result = np.sqrt(np.maximum(m2, 0) / count)
     result[count == 0] = np.nan
-    return result.astype(partials.dtype, copy=False)
+    finished: np.ndarray = result.astype(partials.dtype, copy=False)
+    return finished
 
 
-def solar_day_steps(items: Sequence[dict]) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
+def solar_day_steps(items: Sequence[dict[str, Any]]) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
     """Group items (sorted by time) into passes: the same local solar day at the item's longitude.
 
     One satellite pass crosses several tiles within seconds; their UTC dates can differ across the date line, their

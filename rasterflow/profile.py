@@ -105,7 +105,7 @@ def profile_one_task(plan: Any, *, use_memray: bool = True, flamegraph: str | No
     finally:
         tracemalloc.stop()
     memray_peak, flame = None, None
-    sites: list = []
+    sites: list[Any] = []
     if use_memray:
         memray_peak, flame, sites = _memray_peak(compute, flamegraph, top)
     chunk_shape = dict(plan.chunks)
@@ -122,7 +122,7 @@ def profile_one_task(plan: Any, *, use_memray: bool = True, flamegraph: str | No
     )
 
 
-def _memray_peak(compute: Any, flamegraph: str | None, top: int) -> tuple[int | None, str | None, list]:
+def _memray_peak(compute: Any, flamegraph: str | None, top: int) -> tuple[int | None, str | None, list[Any]]:
     """Run ``compute`` under memray (native allocations included): the peak, a flame graph, and the largest
     allocation sites alive at the peak."""
     try:

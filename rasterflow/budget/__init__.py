@@ -211,4 +211,13 @@ __all__ = [
     "baseline_bytes",
     "CLIENT_BASELINE_BYTES",
     "DEFAULT_ASSUMED_ITEMS",
+    "STRIP_TARGET_BYTES",
+    "ONE_PROCESS_STRIP_TARGET_BYTES",
+    "verdict_line",
+    "spec_gdal_cachemax",
+    "ChunkDepth",
+    "dataclasses_replace",
+    "ALIGNED_GDAL_CACHEMAX",
+    "TREE_SPLIT_EVERY",
+    "strip_target",
 ]

@@ -284,7 +284,7 @@ class Fix:
     """A change to the spec that makes the job fit, with the peak it gives (verified by re-estimating)."""
 
     description: str
-    patch: dict
+    patch: dict[str, Any]
     peak_per_worker: int
     fraction: float
 
@@ -359,7 +359,7 @@ class BudgetReport:
             f"{self.task_count:,} tasks"
         )
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view; its keys are a stable contract for ``plan --json``."""
         inputs = self.inputs
         cy, cx = inputs.chunk_yx

@@ -4,7 +4,7 @@ a user pastes."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 from rasterflow.budget.constants import CACHE_CANDIDATES, ORDER_STATISTICS
 from rasterflow.budget.model import BudgetInputs, BudgetReport, Fix, PipelineShape
@@ -24,7 +24,7 @@ def solve_fixes(shape: PipelineShape, inputs: BudgetInputs) -> tuple[Fix, ...]:
     """
     fixes: list[Fix] = []
     base = inputs
-    base_patch: dict = {}
+    base_patch: dict[str, Any] = {}
     if shape.reduce_method in ORDER_STATISTICS and code_path(shape, inputs) == "tree":
         base = dataclasses.replace(inputs, chunk_time=-1)
         base_patch = {"chunks": {"time": -1}}
@@ -33,7 +33,7 @@ def solve_fixes(shape: PipelineShape, inputs: BudgetInputs) -> tuple[Fix, ...]:
         report = estimate(shape, candidate)
         return report if report.ok else None
 
-    def add(description: str, candidate: BudgetInputs, patch: dict) -> bool:
+    def add(description: str, candidate: BudgetInputs, patch: dict[str, Any]) -> bool:
         report = passes(candidate)
         if report is not None:
             fixes.append(Fix(description, patch, report.peak_per_worker, report.fraction_of_limit))
@@ -138,7 +138,7 @@ def _largest_square_chunk(shape: PipelineShape, inputs: BudgetInputs) -> int | N
     return None
 
 
-def _merge(a: dict, b: dict) -> dict:
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     out = {k: _merge(v, {}) if isinstance(v, dict) else v for k, v in a.items()}
     for key, value in b.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
@@ -148,7 +148,7 @@ def _merge(a: dict, b: dict) -> dict:
     return out
 
 
-def complete_patch(spec: Any, patch: dict) -> dict:
+def complete_patch(spec: Any, patch: dict[str, Any]) -> dict[str, Any]:
     """The sections a fix touches, complete: the spec's own values (as written, defaults left to the defaults) with
     the fix merged in, so that pasting a section over the old one changes nothing else."""
     data = spec.model_dump(mode="json", exclude_unset=True, by_alias=True)
@@ -169,5 +169,9 @@ def with_fixes(report: BudgetReport, shape: PipelineShape) -> BudgetReport:
     return dataclasses_replace(report, fixes=solve_fixes(shape, report.inputs))
 
 
-def dataclasses_replace(obj, **changes):
-    return dataclasses.replace(obj, **changes)
+T = TypeVar("T")
+
+
+def dataclasses_replace(obj: T, **changes: Any) -> T:
+    """``dataclasses.replace``, kept under this name for the planner."""
+    return dataclasses.replace(obj, **changes)  # type: ignore[type-var]  # T is a dataclass at every call

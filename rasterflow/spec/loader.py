@@ -14,11 +14,11 @@ from pydantic import BaseModel, ValidationError
 
 from rasterflow.errors import ExpressionError, SpecError, SpecIssue
 from rasterflow.spec import models
-from rasterflow.spec.yamlpos import MAX_SPEC_BYTES, LoadedYaml, YamlProblem, load_yaml_with_positions
+from rasterflow.spec.yamlpos import MAX_SPEC_BYTES, LoadedYaml, Loc, YamlProblem, load_yaml_with_positions
 
 __all__ = ["LoadedSpec", "load_spec", "load_spec_text"]
 
-_SECTION_MODELS: dict[tuple, type[BaseModel]] = {
+_SECTION_MODELS: dict[Loc, type[BaseModel]] = {
     (): models.Spec,
     ("source",): models.Source,
     ("source", "stac"): models.StacSource,
@@ -108,7 +108,7 @@ class LoadedSpec:
         return f"{self.path}:{position.line}:{position.column}"
 
 
-def load_spec(path: str | os.PathLike, *, variables: Mapping[str, str] | None = None,
+def load_spec(path: str | os.PathLike[str], *, variables: Mapping[str, str] | None = None,
               environ: Mapping[str, str] | None = None) -> LoadedSpec:
     """Read and validate a spec file.
 
@@ -143,7 +143,7 @@ def load_spec(path: str | os.PathLike, *, variables: Mapping[str, str] | None = 
                           environ=environ)
 
 
-def load_spec_text(text: str, *, path: str | os.PathLike = "<spec>", sha256: str | None = None,
+def load_spec_text(text: str, *, path: str | os.PathLike[str] = "<spec>", sha256: str | None = None,
                    variables: Mapping[str, str] | None = None,
                    environ: Mapping[str, str] | None = None) -> LoadedSpec:
     """Validate spec text; ``path`` is used in messages and to resolve relative paths; variables as in
@@ -228,14 +228,14 @@ def _check_output_placeholders(spec: models.Spec, loaded: LoadedYaml, shown: str
         raise SpecError(_issue(shown, loaded, ("output", "path"), message)) from None
 
 
-def _issue(shown: str, loaded: LoadedYaml, loc: tuple, message: str, *, value_position: bool = False) -> SpecIssue:
+def _issue(shown: str, loaded: LoadedYaml, loc: Loc, message: str, *, value_position: bool = False) -> SpecIssue:
     position = (loaded.value_positions.get(loc) if value_position else None) or loaded.position_of(loc)
     field = ".".join(str(part) for part in loc)
     return SpecIssue(shown, position.line if position else None, position.column if position else None, field, message)
 
 
 def _issues_from_validation(err: ValidationError, loaded: LoadedYaml, shown: str) -> list[SpecIssue]:
-    grouped: dict[tuple, list[Any]] = {}
+    grouped: dict[Loc, list[Any]] = {}
     for error in _matching_branch(err.errors(include_url=False)):
         loc = tuple(error["loc"])
         located = error.get("ctx", {}).get("error")
@@ -262,7 +262,7 @@ def _matching_branch(errors: list[Any]) -> list[Any]:
         o is not e and o["loc"][:1] == e["loc"][:1] and not wrong_shape(o) for o in errors))]
 
 
-def _trim_to_data(loc: tuple, loaded: LoadedYaml) -> tuple:
+def _trim_to_data(loc: Loc, loaded: LoadedYaml) -> Loc:
     """Drop pydantic's union-branch parts (``"literal['auto']"``, ``"int"``,
     ``"function-after[_check_q(), Reduce]"``) so loc names a field of the file."""
     loc = tuple(part for part in loc if not (isinstance(part, str) and "[" in part))
@@ -272,7 +272,7 @@ def _trim_to_data(loc: tuple, loaded: LoadedYaml) -> tuple:
     return loc
 
 
-def _message(loc: tuple, errors: list[dict], loaded: LoadedYaml) -> str:
+def _message(loc: Loc, errors: list[dict[str, Any]], loaded: LoadedYaml) -> str:
     first = errors[0]
     kind = first["type"]
     got = _got(first.get("input"))
@@ -343,7 +343,7 @@ def _closest(word: Any, choices: list[str]) -> str:
     return f"; did you mean {match[0]!r}?" if match else ""
 
 
-def _unknown_key_message(loc: tuple) -> str:
+def _unknown_key_message(loc: Loc) -> str:
     key = str(loc[-1])
     model = _SECTION_MODELS.get(loc[:-1])
     if model is None:

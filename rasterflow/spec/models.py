@@ -1006,7 +1006,7 @@ class _LocatedError(ValueError):
         self.loc = loc
         super().__init__(message)
 
-    def __reduce__(self):  # pydantic deep-copies ctx; keep it picklable
+    def __reduce__(self) -> tuple[type[_LocatedError], tuple[Any, str]]:  # pydantic deep-copies ctx; keep it picklable
         return (_LocatedError, (self.loc, str(self)))
 
 

@@ -19,7 +19,10 @@ from typing import Any, Mapping
 
 import yaml
 
-__all__ = ["Position", "LoadedYaml", "YamlProblem", "load_yaml_with_positions", "substitute", "MAX_SPEC_BYTES",
+Loc = tuple[str | int, ...]
+"""Where a value sits in the spec: its keys and list indices from the root."""
+
+__all__ = ["Loc", "Position", "LoadedYaml", "YamlProblem", "load_yaml_with_positions", "substitute", "MAX_SPEC_BYTES",
            "MAX_NODES"]
 
 MAX_SPEC_BYTES = 2 * 1024 * 1024
@@ -51,12 +54,12 @@ class LoadedYaml:
     """The plain data of a YAML document and the position of every key (and value) path in it."""
 
     data: Any
-    key_positions: dict[tuple, Position] = field(default_factory=dict)
-    value_positions: dict[tuple, Position] = field(default_factory=dict)
+    key_positions: dict[Loc, Position] = field(default_factory=dict)
+    value_positions: dict[Loc, Position] = field(default_factory=dict)
     variables_used: dict[str, str] = field(default_factory=dict)
     """Each ``${VAR}`` replaced, with the value it got (for the spec hash and the report)."""
 
-    def position_of(self, loc: tuple) -> Position | None:
+    def position_of(self, loc: Loc) -> Position | None:
         """Where the field at ``loc`` is, or its nearest existing parent (for missing keys)."""
         loc = tuple(loc)
         while loc:
@@ -119,7 +122,7 @@ def _position(mark: Any) -> Position:
     return Position(mark.line + 1, mark.column + 1)
 
 
-def _dotted(loc: tuple) -> str:
+def _dotted(loc: Loc) -> str:
     return ".".join(str(part) for part in loc)
 
 
@@ -130,7 +133,7 @@ class _Builder:
         self.nodes_built = 0
         self.variables = variables
 
-    def build(self, node: yaml.Node, loc: tuple) -> Any:
+    def build(self, node: yaml.Node, loc: Loc) -> Any:
         self.nodes_built += 1
         if self.nodes_built > MAX_NODES:
             raise YamlProblem(
@@ -158,20 +161,20 @@ class _Builder:
             return self._substituted(node, loc)
         return self.loader.construct_object(node, deep=True)
 
-    def _substituted(self, node: yaml.ScalarNode, loc: tuple) -> Any:
+    def _substituted(self, node: yaml.ScalarNode, loc: Loc) -> Any:
         try:
             value = substitute(node.value, self.variables or {}, self.result.variables_used)
         except ValueError as err:
             raise YamlProblem(str(err), _position(node.start_mark), _dotted(loc)) from None
         if node.style is not None:  # quoted or block scalar: a string, whatever it now looks like
             return value
-        tag = self.loader.resolve(yaml.ScalarNode, value, (True, False))
+        tag = self.loader.resolve(yaml.ScalarNode, value, (True, False))  # type: ignore[no-untyped-call]
         return self.loader.construct_object(yaml.ScalarNode(tag, value, node.start_mark, node.end_mark), deep=True)
 
-    def _mapping(self, node: yaml.MappingNode, loc: tuple) -> dict:
+    def _mapping(self, node: yaml.MappingNode, loc: Loc) -> dict[str, Any]:
         if any(key.tag == "tag:yaml.org,2002:merge" for key, _ in node.value):
             self.loader.flatten_mapping(node)
-        out: dict = {}
+        out: dict[str, Any] = {}
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise YamlProblem("mapping keys must be plain strings", _position(key_node.start_mark), _dotted(loc))
