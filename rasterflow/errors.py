@@ -138,9 +138,9 @@ class CatalogError(RasterflowError, RuntimeError):
     """The STAC catalog could not be searched or read."""
 
 
-class CatalogFileError(CatalogError, FileNotFoundError):
-    """The spec's local catalog file does not exist or is of a kind rasterflow does not read: the spec is at fault
-    (exit 2, as any other invalid value), not the run."""
+class CatalogFileError(CatalogError, ValueError):
+    """The spec's local catalog file is of a kind rasterflow does not read: the spec is at fault (exit 2, as any
+    other invalid value). A file that does not exist (yet) is a failed run (exit 1): another step may write it."""
 
     exit_code = ExitCode.INVALID
 

@@ -78,10 +78,11 @@ def test_spec_import_does_not_load_heavy_libraries():
     assert out.strip() == "[]"
 
 
-@pytest.mark.parametrize("catalog, words", [("nowhere/items.json", "catalog file not found"),
-                                            ("items.csv", "unsupported catalog file")])
-def test_a_missing_or_unreadable_catalog_file_is_an_invalid_spec(tmp_path, catalog, words):
-    """plan and run exit 2 (plan's documented codes are 0, 2, 3), naming the spec's line and leaving no output."""
+@pytest.mark.parametrize("catalog, words, code", [("items.csv", "unsupported catalog file", 2),
+                                                  ("nowhere/items.json", "catalog file not found", 1)])
+def test_a_catalog_file_of_an_unsupported_kind_is_an_invalid_spec(tmp_path, catalog, words, code):
+    """An unsupported kind is an invalid spec (exit 2); a file that does not exist (yet) a failed run (exit 1: an
+    upstream step may write it, ``rasterflow retry`` reruns it). Both name the spec's line, no output is made."""
     text = (ROOT / "pipelines" / "demo.yaml").read_text()
     lines = text.splitlines()
     line = next(i for i, each in enumerate(lines, 1) if each.strip().startswith("catalog:"))
@@ -91,7 +92,7 @@ def test_a_missing_or_unreadable_catalog_file_is_an_invalid_spec(tmp_path, catal
     spec.write_text("\n".join(lines) + "\n")
     for verb in ("plan", "run"):
         result = CliRunner().invoke(cli, [verb, str(spec)])
-        assert result.exit_code == 2, (verb, result.output)
+        assert result.exit_code == code, (verb, result.output)
         assert f"bad.yaml:{line}" in result.output and words in result.output, result.output
         assert "Traceback" not in result.output
     assert not [p for p in tmp_path.iterdir() if p.suffix in (".zarr", ".tif")]

@@ -82,7 +82,9 @@ def read_local_items(path: Path) -> list[dict[str, Any]]:
             "or a list of items), .ndjson (one item per line), .parquet (stac-geoparquet), or an http(s) STAC API URL"
         )
     if not path.is_file():
-        raise CatalogFileError(f"catalog file not found: {path}" + (" (it is a directory)" if path.is_dir() else ""))
+        # a run failure (exit 1), not an invalid spec: an upstream step may write the file later, and
+        # `rasterflow retry` reruns failed runs (tests/test_batch.py's "late" catalog)
+        raise CatalogError(f"catalog file not found: {path}" + (" (it is a directory)" if path.is_dir() else ""))
     if suffix == ".parquet":
         import rustac
 
