@@ -16,20 +16,37 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TypeAlias
 
 import dask
 import dask.array as da
 import numpy as np
+import numpy.typing as npt
 import xarray as xr
 
 from rasterflow import kernels, tasks
 from rasterflow.planning import JobPlan
 from rasterflow.read import ReadJob
 from rasterflow.tasks import chunk_bands, chunk_reduce
-from rasterflow.layers import lazy_array
+from rasterflow.layers import Task, lazy_array
 
 __all__ = ["build_dataset", "chunk_reduce", "chunk_bands", "read_jobs", "local_read_job"]
+
+#: A task function of :func:`_task_array`: ``function(job, rows, cols, program, view, *extra)`` -> its block
+#: (:func:`~rasterflow.tasks.chunk_reduce` with ``extra = (sub_block,)``, :func:`~rasterflow.tasks.chunk_bands`
+#: with none); the arity varies with ``extra``, hence ``...``.
+ChunkFunction: TypeAlias = Callable[..., np.ndarray]
+#: Dask's chunks of an array: per dimension, the sizes of its blocks.
+Chunks: TypeAlias = tuple[tuple[int, ...], ...]
+#: An index into a block (NumPy basic indexing by integers and slices).
+BlockIndex: TypeAlias = tuple[int | slice, ...]
+#: :class:`_Selection`'s table: a selection's leading block indices -> (the source's leading block indices, the
+#: index into that block).
+Leads: TypeAlias = dict[tuple[int, ...], tuple[tuple[int, ...], BlockIndex]]
+#: A coordinate of the Dataset: its values, or (its dim, its values[, its attributes]).
+Coordinate: TypeAlias = np.ndarray | tuple[str, np.ndarray] | tuple[str, np.ndarray, dict[str, str]]
+#: A variable of the Dataset: its dims and its lazy array.
+Variable: TypeAlias = tuple[tuple[str, ...], da.Array]
 
 
 def _bounds(chunks: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -74,8 +91,8 @@ class _ChunkTasks:
     ``(function, job, rows, cols, program, view, *extra)``, the job holding the items the plan's chunk index puts
     on the chunk (every item of the time chunk, the files missing the window None, without an index)."""
 
-    def __init__(self, plan: JobPlan, function: Any, item_edges: list[tuple[int, int]],
-                 y_chunks: tuple[int, ...], x_chunks: tuple[int, ...], extra: tuple):
+    def __init__(self, plan: JobPlan, function: ChunkFunction, item_edges: list[tuple[int, int]],
+                 y_chunks: tuple[int, ...], x_chunks: tuple[int, ...], extra: tuple[object, ...]) -> None:
         program = plan.program
         assert program is not None
         self.plan, self.function, self.program, self.extra = plan, function, program, extra
@@ -83,13 +100,13 @@ class _ChunkTasks:
         self.n_items = len(plan.items)
         self.index = plan.chunk_index
         self.one_box = _one_box(plan) if self.index is not None else None
-        self.step_of = None
+        self.step_of: npt.NDArray[np.int64] | None = None
         if program.steps:
             self.step_of = np.zeros(self.n_items, dtype=np.int64)
             for d, indices in enumerate(program.steps):
                 self.step_of[list(indices)] = d
 
-    def __call__(self, block: tuple[int, ...]) -> tuple:
+    def __call__(self, block: tuple[int, ...]) -> Task:
         k, i, j = block[0], block[-2], block[-1]
         (t0, t1), rows, cols = self.item_edges[k], self.rows[i], self.cols[j]
         if self.index is None:
@@ -111,21 +128,21 @@ class _Selection:
     ``(operator.getitem, source block, index)``, ``leads[lead]`` giving the source block's leading indices and
     the index into it."""
 
-    def __init__(self, source: str, leads: dict[tuple[int, ...], tuple[tuple[int, ...], tuple]]):
+    def __init__(self, source: str, leads: Leads) -> None:
         self.source, self.leads = source, leads
 
-    def __call__(self, block: tuple[int, ...]) -> tuple:
+    def __call__(self, block: tuple[int, ...]) -> Task:
         prefix, index = self.leads[block[:-2]]
         return (operator.getitem, (self.source, *prefix, *block[-2:]), index)
 
 
-def _lazy_array(name: str, numblocks: tuple[int, ...], make: Callable[[tuple[int, ...]], tuple], chunks: tuple,
-                dtype: Any, dependencies: Sequence[Any] = (), *, inline: bool = False) -> da.Array:
+def _lazy_array(name: str, numblocks: tuple[int, ...], make: Callable[[tuple[int, ...]], Task], chunks: Chunks,
+                dtype: npt.DTypeLike, dependencies: Sequence[da.Array] = (), *, inline: bool = False) -> da.Array:
     return lazy_array(name, numblocks, make, chunks, dtype, dependencies, inline=inline)
 
 
-def _task_array(plan: JobPlan, prefix: str, function: Any, time_chunks: tuple[int, ...], leading: tuple,
-                dtype: str, extra: tuple = ()) -> da.Array:
+def _task_array(plan: JobPlan, prefix: str, function: ChunkFunction, time_chunks: tuple[int, ...], leading: Chunks,
+                dtype: str, extra: tuple[object, ...] = ()) -> da.Array:
     """A Dask array with one independent task per (time chunk, y chunk, x chunk); each task holds only the items
     the plan's chunk index puts on its chunk (:class:`~rasterflow.kernels.TaskItems`); ``extra`` are more arguments
     of ``function`` after the view. Its layer is a :class:`~rasterflow.layers.TaskLayer`: a task is made when
@@ -149,8 +166,7 @@ def _task_array(plan: JobPlan, prefix: str, function: Any, time_chunks: tuple[in
     return _lazy_array(name, numblocks, make, chunks, dtype)
 
 
-def _select(source: da.Array, band_name: str, leads: dict[tuple[int, ...], tuple[tuple[int, ...], tuple]],
-            lead_chunks: tuple) -> da.Array:
+def _select(source: da.Array, band_name: str, leads: Leads, lead_chunks: Chunks) -> da.Array:
     """One band of a task array, as its own lazy layer (a :class:`~rasterflow.layers.TaskLayer` of
     :class:`_Selection`): block ``(*lead, i, j)`` is ``source_block[index]`` with ``leads[lead] = (source leading
     block, index)``, the leading dims chunked ``lead_chunks``. The same blocks as Dask's slicing and rechunking of
@@ -176,11 +192,12 @@ def build_dataset(plan: JobPlan) -> xr.Dataset:
     height, width = plan.grid.shape
     minx, _, _, maxy = plan.grid.bounds
     res = plan.grid.resolution
-    coords: dict[str, Any] = {"y": maxy - res * (np.arange(height) + 0.5), "x": minx + res * (np.arange(width) + 0.5)}
+    coords: dict[str, Coordinate] = {"y": maxy - res * (np.arange(height) + 0.5), "x": minx + res * (np.arange(width) + 0.5)}
     n_bands = len(program.bands)
 
     keep_period, keep_quantile = bool(plan.period_labels), plan.quantile_dim
     path = plan.code_path  # the budget's choice, so the memory it checked is that of the tasks built here
+    variables: dict[str, Variable]
     if path == "series":
         bands = _task_array(plan, "rasterflow-bands", chunk_bands, item_chunks, (date_chunks, (n_bands,)),
                             program.dtype)
@@ -244,12 +261,12 @@ def build_dataset(plan: JobPlan) -> xr.Dataset:
     return write_georef(dataset, plan.grid.crs, plan.grid.transform)
 
 
-def _reduced_band(fused: da.Array, band: int, name: str, keep_period: bool, keep_quantile: bool):
+def _reduced_band(fused: da.Array, band: int, name: str, keep_period: bool, keep_quantile: bool) -> Variable:
     """Band ``band`` of the fused ``(group, quantile, band, y, x)`` array with the dims a user expects (those of
     :func:`_reduced_dims`: period only with a period, quantile only for a list, each chunked 1), as its own lazy
     layer: block ``(p, q, i, j)`` is the fused block ``(i, j)`` at ``[p:p+1, q:q+1, band]``."""
     groups, quantiles = fused.shape[0], fused.shape[1]
-    leads: dict[tuple[int, ...], tuple[tuple[int, ...], tuple]] = {}
+    leads: Leads = {}
     for p in range(groups) if keep_period else (None,):
         for q in range(quantiles) if keep_quantile else (None,):
             lead = tuple(x for x in (p, q) if x is not None)
@@ -260,11 +277,11 @@ def _reduced_band(fused: da.Array, band: int, name: str, keep_period: bool, keep
     return (*dims, "y", "x"), _select(fused, name, leads, lead_chunks)
 
 
-def _statistic_band(fused: da.Array, band: int, slot: int, name: str, keep_period: bool):
+def _statistic_band(fused: da.Array, band: int, slot: int, name: str, keep_period: bool) -> Variable:
     """Statistic ``slot`` of band ``band`` of the fused ``(group, slot, band, y, x)`` array: dims ``([period,] y,
     x)``, its own lazy layer (block ``(p, i, j)`` is the fused block ``(i, j)`` at ``[p:p+1, slot, band]``)."""
     groups = fused.shape[0]
-    leads: dict[tuple[int, ...], tuple[tuple[int, ...], tuple]] = {}
+    leads: Leads = {}
     for p in range(groups) if keep_period else (None,):
         lead = () if p is None else (p,)
         leads[lead] = ((0, 0, 0), (0 if p is None else slice(p, p + 1), slot, band))
@@ -275,7 +292,7 @@ def _statistic_band(fused: da.Array, band: int, slot: int, name: str, keep_perio
 def _series_band(bands: da.Array, band: int, name: str) -> da.Array:
     """Band ``band`` of the ``(date, band, y, x)`` series, one date per chunk (what ``bands[:, band].rechunk({0: 1})``
     gives), as its own lazy layer."""
-    leads: dict[tuple[int, ...], tuple[tuple[int, ...], tuple]] = {}
+    leads: Leads = {}
     for k, (t0, t1) in enumerate(_bounds(bands.chunks[0])):
         for t in range(t0, t1):
             leads[(t,)] = ((k, 0), (slice(t - t0, t - t0 + 1), band))
@@ -285,19 +302,19 @@ def _series_band(bands: da.Array, band: int, name: str) -> da.Array:
 def _time_chunked_band(bands: da.Array, band: int, name: str) -> da.Array:
     """Band ``band`` of the ``(date, band, y, x)`` series, chunked in time as the series (``bands[:, band]``), as its
     own lazy layer."""
-    leads: dict[tuple[int, ...], tuple[tuple[int, ...], tuple]] = {
+    leads: Leads = {
         (k,): ((k, 0), (slice(None), band)) for k in range(bands.numblocks[0])}
     return _select(bands, name, leads, (bands.chunks[0],))
 
 
-def _reduced_dims(stacked: da.Array, keep_period: bool, keep_quantile: bool):
+def _reduced_dims(stacked: da.Array, keep_period: bool, keep_quantile: bool) -> Variable:
     """``(group, quantile, y, x)`` -> the dims a user expects: period only with a period, quantile only for a list.
 
     Dask's slicing and rechunking: no longer part of the graph (:func:`_reduced_band` gives the same blocks as one
     lazy layer); kept as the reference construction ``tests/test_lazy_graph.py`` and ``benchmarks/bounded_submit.py``
     compare it with."""
     dims = ["period", "quantile", "y", "x"]
-    index: list[Any] = [slice(None) if keep_period else 0, slice(None) if keep_quantile else 0]
+    index: list[int | slice] = [slice(None) if keep_period else 0, slice(None) if keep_quantile else 0]
     array = stacked[tuple(index)]
     names = [d for d, keep in zip(dims[:2], (keep_period, keep_quantile)) if keep] + ["y", "x"]
     chunks = {i: 1 for i in range(len(names) - 2)}
@@ -307,10 +324,10 @@ def _reduced_dims(stacked: da.Array, keep_period: bool, keep_quantile: bool):
 class _TreePartials:
     """The task of block ``(k, 0, i, j)`` of a tree's partials: one band's time chunk ``k`` -> its partials."""
 
-    def __init__(self, source: str, method: str, local: list[tuple[tuple[int, ...], ...]]):
+    def __init__(self, source: str, method: str, local: list[tuple[tuple[int, ...], ...]]) -> None:
         self.source, self.method, self.local = source, method, local
 
-    def __call__(self, block: tuple[int, ...]) -> tuple:
+    def __call__(self, block: tuple[int, ...]) -> Task:
         k, i, j = block[0], block[-2], block[-1]
         return (tasks.tree_partials, (self.source, k, i, j), self.method, self.local[k])
 
@@ -318,10 +335,10 @@ class _TreePartials:
 class _TreeCombine:
     """The task of block ``(c, 0, i, j)`` of a tree level: up to ``fan_in`` partials of the level below combined."""
 
-    def __init__(self, source: str, below: int, fan_in: int, method: str):
+    def __init__(self, source: str, below: int, fan_in: int, method: str) -> None:
         self.source, self.below, self.fan_in, self.method = source, below, fan_in, method
 
-    def __call__(self, block: tuple[int, ...]) -> tuple:
+    def __call__(self, block: tuple[int, ...]) -> Task:
         c, i, j = block[0], block[-2], block[-1]
         keys = [(self.source, k, 0, i, j) for k in range(c * self.fan_in, min((c + 1) * self.fan_in, self.below))]
         return (tasks.tree_combine, keys, self.method)
@@ -330,10 +347,10 @@ class _TreeCombine:
 class _TreeFinish:
     """The task of block ``(0, 0, 0, i, j)``: the combined partials of a spatial chunk -> the reduction."""
 
-    def __init__(self, source: str, method: str, n_groups: int):
+    def __init__(self, source: str, method: str, n_groups: int) -> None:
         self.source, self.method, self.n_groups = source, method, n_groups
 
-    def __call__(self, block: tuple[int, ...]) -> tuple:
+    def __call__(self, block: tuple[int, ...]) -> Task:
         return (tasks.tree_finish, (self.source, 0, 0, block[-2], block[-1]), self.method, self.n_groups)
 
 
