@@ -4,8 +4,10 @@ No second model: the numbers are the terms the budget's reduce stage already add
 (:func:`rasterflow.budget.paths.fused_stages`), split by statistic, for the job's largest task:
 
 - ``work_bytes``: the statistic's working copies, ``REDUCTION_EXTRA_PLANES[method]`` one-band series of the task's
-  (sub-)block. The statistics of a list run one after the other on the same series, so the budget counts the
-  largest of them (:attr:`StatisticsCost.work_bytes`), not their sum.
+  (sub-)block (of a period's subset). The statistics of a list run one after the other on the same series, so the
+  budget counts one of them, not their sum: the method it sizes the task by (``budget.model._budget_method``: an
+  order statistic first, else the most working copies; :attr:`StatisticsCost.work_bytes`). A statistic above that
+  gets a ``note:`` line.
 - ``result_bytes``: the result slots the budget counts for the statistic (groups × its variables × bands ×
   itemsize × the chunk's pixels); they add up to the reduce stage's result term (:attr:`StatisticsCost.result_bytes`).
 - ``output_bytes``: what the statistic's variables write per task (float32 for a geomedian or best-pixel
@@ -51,6 +53,8 @@ class StatisticsCost:
     """The budget's result term (every statistic's slots)."""
     stage: str
     """The budget stage these terms belong to (``reduce <method>``)."""
+    period_subset_bytes: int = 0
+    """With ``period``: the period's subset of one band's series, copied before its statistics (shared by all)."""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -74,8 +78,16 @@ class StatisticsCost:
                 out.append(f"  {'':<16} {'':<10} note: the {s.name} kernel's measured formula is above the budget's "
                            f"work term by {format_bytes(s.kernel_work_bytes - s.work_bytes)} per task "
                            f"(rasterflow profile measures it)")
+        sized_by = self.stage.split(" ", 1)[-1]
+        for s in self.statistics:
+            if s.work_bytes > self.work_bytes:
+                out.append(f"  {'':<16} {'':<10} note: {s.name}'s work is above the budget's work term "
+                           f"({sized_by}'s, the method it sizes the task by) by "
+                           f"{format_bytes(s.work_bytes - self.work_bytes)}")
         after = " (they run one after the other)" if len(self.statistics) > 1 else ""
-        out.append(f"  {'':<16} {'':<10} budget's {self.stage}: work {format_bytes(self.work_bytes)}{after} + "
+        subset = (f" + a period's subset {format_bytes(self.period_subset_bytes)}"
+                  if self.period_subset_bytes else "")
+        out.append(f"  {'':<16} {'':<10} budget's {self.stage}: work {format_bytes(self.work_bytes)}{after}{subset} + "
                    f"results {format_bytes(self.result_bytes)}")
         return out
 
@@ -141,4 +153,5 @@ def statistics_cost(spec: Any, shape: Any, inputs: Any) -> StatisticsCost | None
     method = shape.reduce_method or ""
     return StatisticsCost(statistics=tuple(stats), task_pixels=task.pixels, dates=part.dates,
                           work_bytes=work(method), result_bytes=groups * max(1, shape.n_quantiles) * n_bands * w
-                          * task.pixels, stage=f"reduce {method}")
+                          * task.pixels, stage=f"reduce {method}",
+                          period_subset_bytes=group if shape.has_period else 0)

@@ -61,6 +61,28 @@ def test_a_list_splits_the_reduce_stage_by_statistic(write_spec):
     assert _stage(budget, "reduce quantile") == _reduce_stage(budget, 1, stats["work_bytes"], stats["result_bytes"])
 
 
+def test_a_list_per_month_counts_every_period_and_the_subset(write_spec):
+    payload = _plan_json(write_spec(reduce="[{method: median, period: month}, {method: count}]"))
+    stats = payload["statistics"]
+    months = 3  # the sample's window: 2024-06-01/2024-08-31, every month in the output
+    dates = stats["dates"]
+    assert dates <= SAMPLE_DATES
+    assert [s["result_bytes"] for s in stats["statistics"]] == [months * PIXELS * W] * 2
+    assert stats["result_bytes"] == 2 * months * PIXELS * W
+    assert 0 < stats["period_subset_bytes"] <= dates * PIXELS * W
+    budget = payload["budget"]
+    stage = _stage(budget, "reduce median")
+    assert stage == _stage(budget, "load") + dates * PIXELS * W + stats["work_bytes"] \
+        + stats["period_subset_bytes"] + stats["result_bytes"]
+    # the subset is the largest month's dates; the budget sizes the task by the order statistic (median), whose
+    # working copies are fewer than count's: plan shows both, and says so
+    assert stats["work_bytes"] == int(REDUCTION_EXTRA_PLANES["median"] * stats["period_subset_bytes"])
+    assert stats["statistics"][1]["work_bytes"] == int(REDUCTION_EXTRA_PLANES["count"] * stats["period_subset_bytes"])
+    text = CliRunner().invoke(cli, ["plan", str(write_spec(reduce="[{method: median, period: month}, "
+                                                           "{method: count}]"))]).output
+    assert "note: count's work is above the budget's work term (median's, " in text
+
+
 def test_a_geomedian_and_its_kernel_formula(write_spec):
     payload = _plan_json(write_spec(reduce=GEOMEDIAN))
     stats = payload["statistics"]
