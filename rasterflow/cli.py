@@ -428,6 +428,11 @@ def _print_plan(loaded: Any, plan: Any) -> None:
     for stage in report.stages:
         marker = "  <- worst" if stage is report.worst_stage else ""
         echo(f"    {stage.stage:<20} {stage.planes:>8g}   {format_bytes(stage.bytes_per_task):>9}{marker}")
+    from rasterflow.statcost import statistics_cost
+
+    costs = statistics_cost(loaded.spec, plan.shape, inputs)  # what each statistic adds to the reduce stage
+    for line in costs.lines() if costs is not None else ():
+        echo(line)
     echo(f"  per worker       {report.formula}")
     echo(f"                   = {report.fraction_of_limit:.0%} of the limit (allowed {inputs.max_fraction:.0%})")
     echo(f"  peak per worker  {format_bytes(report.peak_per_worker)}")

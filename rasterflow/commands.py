@@ -288,7 +288,16 @@ def plan_payload(loaded: Any, plan: JobPlan) -> dict:
         # what the tasks hold and read (the chunk index; the items' declared grids): no file was opened for these
         "items_per_task": plan.report.inputs.items_per_task,
         "cost": None if plan.cost is None else dataclasses.asdict(plan.cost),
+        "statistics": _statistics_payload(loaded, plan),
     }
+
+
+def _statistics_payload(loaded: Any, plan: JobPlan) -> dict | None:
+    """Per statistic of the reduction, its terms in the budget's reduce stage (:mod:`rasterflow.statcost`)."""
+    from rasterflow.statcost import statistics_cost
+
+    costs = statistics_cost(loaded.spec, plan.shape, plan.report.inputs)
+    return None if costs is None else costs.to_dict()
 
 
 def assets_applied(plan: JobPlan) -> dict[str, dict]:
@@ -776,7 +785,7 @@ def profile_command(loaded: Any, *, flamegraph: str | None = None, use_memray: b
     plan = plan_with_items(loaded, search(loaded), local_layout(spec))
     if not plan.report.ok:
         emit("warning", {"message": "the budget check refuses this spec; profiling one task anyway"})
-    result = profile_one_task(plan, use_memray=use_memray, flamegraph=flamegraph)
+    result = profile_one_task(plan, use_memray=use_memray, flamegraph=flamegraph, spec=spec)
     return list(result.lines())
 
 

@@ -36,6 +36,10 @@ class TaskProfile:
     """Wall time of the task without a profiler attached."""
     top_sites: list[tuple[str, int]] = field(default_factory=list)
     flamegraph: str | None = None
+    variables: tuple[str, ...] = ()
+    """The output variables the task makes (every statistic of a list ``reduce``, a composite's variables)."""
+    statistics: list[str] = field(default_factory=list)
+    """``plan``'s per-statistic lines (:mod:`rasterflow.statcost`); empty for a single statistic."""
 
     def lines(self) -> list[str]:
         """The report printed by the CLI."""
@@ -54,6 +58,9 @@ class TaskProfile:
             )
         else:
             out.append("  memray is not installed: native (GDAL) allocations are not measured (pip install memray)")
+        if len(self.variables) > 1:
+            out.append(f"  variables of the task      {', '.join(self.variables)}")
+        out += self.statistics
         if self.top_sites:
             out.append("  largest allocation sites alive at the peak (memray):")
             out += [f"    {format_bytes(size):>10}  {site}" for site, size in self.top_sites]
@@ -67,8 +74,10 @@ def _middle_block(array: Any) -> tuple[int, ...]:
 
 
 def profile_one_task(plan: Any, *, use_memray: bool = True, flamegraph: str | None = None,
-                     top: int = 8) -> TaskProfile:
-    """Compute the middle chunk of the first output variable in this process and measure its peak memory."""
+                     top: int = 8, spec: Any = None) -> TaskProfile:
+    """Compute the middle chunk of the first output variable in this process and measure its peak memory (the
+    fused task makes every statistic or composite variable of its chunk at once). With the ``spec`` the plan was
+    made from, the report also has ``plan``'s per-statistic lines."""
     import dask
 
     from rasterflow import graph
@@ -109,7 +118,12 @@ def profile_one_task(plan: Any, *, use_memray: bool = True, flamegraph: str | No
     if use_memray:
         memray_peak, flame, sites = _memray_peak(compute, flamegraph, top)
     chunk_shape = dict(plan.chunks)
+    from rasterflow.statcost import statistics_cost
+
+    costs = statistics_cost(spec, plan.shape, plan.report.inputs) if spec is not None else None
     return TaskProfile(
+        variables=tuple(str(name) for name in dataset.data_vars),
+        statistics=costs.lines() if costs is not None else [],
         chunk_index=index,
         chunk_shape=chunk_shape,
         predicted_task_bytes=plan.report.peak_task_bytes,
