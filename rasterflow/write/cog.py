@@ -5,8 +5,9 @@ How it streams
 When the layout allows it (``average`` overviews of float results, chunks that cover whole COG tiles:
 :func:`rasterflow.write.cogtiles.fast_layout`), the worker tasks compress the tiles themselves and this process
 assembles them behind GDAL's own header (:mod:`rasterflow.write.cogtiles`, :mod:`rasterflow.write.cogassembly`):
-no pass over the raster after the last block (:class:`WorkerTiledCog`). Otherwise (:class:`StreamedCog`) (and with ``RASTERFLOW_COG_WRITER=gdal``), as
-``rio.to_raster(driver="COG")`` loads the whole raster first (STACK-NOTES), the COG is made in two steps:
+no pass over the raster after the last block (:class:`WorkerTiledCog`). Otherwise, and with
+``RASTERFLOW_COG_WRITER=gdal`` (:class:`StreamedCog`), as ``rio.to_raster(driver="COG")`` loads the whole raster
+first (STACK-NOTES), the COG is made in two steps:
 
 1. A tiled, compressed GTiff per output file is filled block by block. Blocks are computed on the cluster (the
    given ``distributed.Client``, a global one, or a local thread pool) and each finished block is written by *this*
