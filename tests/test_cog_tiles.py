@@ -72,13 +72,13 @@ def _reference_levels(values: np.ndarray, count: int) -> list[np.ndarray]:
 def assembled(monkeypatch):
     """Counts the writes that took the worker-compressed path."""
     calls = []
-    original = cog_module._assemble
+    original = cog_module.WorkerTiledCog.write
 
-    def spy(*args, **kwargs):
-        calls.append(args[3])
-        return original(*args, **kwargs)
+    def spy(self):
+        calls.append(self.layout)
+        return original(self)
 
-    monkeypatch.setattr(cog_module, "_assemble", spy)
+    monkeypatch.setattr(cog_module.WorkerTiledCog, "write", spy)
     return calls
 
 
@@ -228,6 +228,28 @@ def test_other_layouts_use_gdals_copy(tmp_path, assembled, kwargs, chunk):
     write_cog(ds, path, blocksize=128, **kwargs)
     assert assembled == []
     assert cog_validate(path, strict=True) == (True, [], [])
+    with rasterio.open(path) as src:
+        np.testing.assert_array_equal(src.read(1), values["ndvi"])
+
+
+@pytest.mark.parametrize("env,resampling,expected", [
+    ("", "average", "WorkerTiledCog"),  # fast_layout allows the worker-compressed tiles
+    ("", "nearest", "StreamedCog"),  # fast_layout is None: GDAL's copy
+    ("gdal", "average", "StreamedCog"),  # assembly_enabled() is false
+])
+def test_write_cog_picks_the_writer_class(tmp_path, monkeypatch, env, resampling, expected):
+    picked = []
+    for cls in (cog_module.StreamedCog, cog_module.WorkerTiledCog):
+        def spy(self, _original=cls.write):
+            picked.append(type(self).__name__)
+            return _original(self)
+
+        monkeypatch.setattr(cls, "write", spy)
+    monkeypatch.setenv("RASTERFLOW_COG_WRITER", env)
+    ds, values = _dataset((300, 260), 128, ("ndvi",))
+    path = str(tmp_path / "x.tif")
+    write_cog(ds, path, blocksize=128, resampling=resampling)
+    assert picked == [expected]
     with rasterio.open(path) as src:
         np.testing.assert_array_equal(src.read(1), values["ndvi"])
 
