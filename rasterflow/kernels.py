@@ -61,6 +61,9 @@ class Program:
     mask_cleanup: tuple[tuple[str, int], ...] = ()
     """Morphology applied in order to each date's mask (``(operation, disk radius)``); tasks read a halo of
     :attr:`halo` pixels around their window for it (:func:`rasterflow.tasks.cleaned_stream`)."""
+    halo: int = 0
+    """Pixels read around every window for ``mask_cleanup``: the plan's (``Spec.cleanup_halo``, the rule the budget
+    counts too)."""
     aoi: str = ""
     """The area of interest in the grid's CRS (GeoJSON text; ``source.stac.intersects``): results are nodata outside
     it; empty = no clipping."""
@@ -101,13 +104,6 @@ class Program:
         if self.composite is not None:
             return len(self.composite.outputs)
         return len(self.statistics) or max(1, len(self.quantiles))
-
-    @property
-    def halo(self) -> int:
-        """Pixels around a window the mask cleanup looks at: the reach of its steps (an opening or a closing is
-        two passes of its radius, a dilation or an erosion one), so the cleaned mask inside the window does not
-        depend on where the window ends."""
-        return sum((2 if op in ("opening", "closing") else 1) * radius for op, radius in self.mask_cleanup)
 
     @property
     def n_result_bands(self) -> int:
@@ -435,7 +431,8 @@ def reduce_block(planes: Planes | ItemStream, program: Program, view: TaskItems 
     if program.composite is not None:
         for group_index, indices in enumerate(groups):
             dates = list(indices) if position is None else [position[d] for d in indices if d in position]
-            out[group_index, :, 0] = composite_result(program, {name: values[name][dates]
+            period = _dates_of(dates)
+            out[group_index, :, 0] = composite_result(program, {name: values[name][period]
                                                                 for name in composite_inputs(program.composite)},
                                                       planes.spatial_shape)
         return out
@@ -465,6 +462,14 @@ def reduce_block(planes: Planes | ItemStream, program: Program, view: TaskItems 
                 out[group_index, :, band_index] = reduce_time(subset, program.reduce_method or "", program.quantiles)
         del series
     return out
+
+
+def _dates_of(dates: Sequence[int]) -> slice | list[int]:
+    """A period's dates as an index of the series: a slice (a view, no copy of every band's series) when they
+    follow each other, as a period's dates do; else the list."""
+    if dates and list(dates) == list(range(dates[0], dates[0] + len(dates))):
+        return slice(dates[0], dates[0] + len(dates))
+    return list(dates) if dates else slice(0, 0)
 
 
 def reduce_time(values: np.ndarray, method: str, quantiles: Sequence[float] = ()) -> np.ndarray:

@@ -889,7 +889,7 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
             dtype=spec.grid.dtype, reduce_method=reduce_method(spec),
             quantiles=spec.reduce.quantiles if spec.reduce is not None and not spec.statistics else (),
             groups=groups, steps=steps, statistics=spec.statistics, composite=composite_of(spec),
-            mask_cleanup=spec.cleanup_steps, aoi=aoi_text,
+            mask_cleanup=spec.cleanup_steps, halo=spec.cleanup_halo, aoi=aoi_text,
         )
     return JobPlan(
         grid=grid, layout=layout, shape=shape, report=report, items=tuple(items or ()), sources=sources,

@@ -5,16 +5,17 @@ No second model: the numbers are the terms the budget's reduce stage already add
 
 - ``work_bytes``: the statistic's working copies, ``REDUCTION_EXTRA_PLANES[method]`` one-band series of the task's
   (sub-)block (of a period's subset). The statistics of a list run one after the other on the same series, so the
-  budget counts one of them, not their sum: the method it sizes the task by (``budget.model._budget_method``: an
-  order statistic first, else the most working copies; :attr:`StatisticsCost.work_bytes`). A statistic above that
-  gets a ``note:`` line.
-- ``result_bytes``: the result slots the budget counts for the statistic (groups × its variables × bands ×
-  itemsize × the chunk's pixels); they add up to the reduce stage's result term (:attr:`StatisticsCost.result_bytes`).
-- ``output_bytes``: what the statistic's variables write per task (float32 for a geomedian or best-pixel
-  composite: :func:`rasterflow.geomedian.geomedian_output_bytes`, else the working dtype).
-- ``kernel_work_bytes`` (geomedian, best only): the kernel's own measured formula for the task
-  (:func:`rasterflow.geomedian.geomedian_work_bytes` of one slab, :func:`rasterflow.bestpixel.best_work_bytes`),
-  shown beside the budget's term so that a difference is visible.
+  budget's stage counts the largest of them, not their sum, plus the block of one band's statistics they fill
+  (:func:`rasterflow.budget.paths.reduce_work`, :attr:`StatisticsCost.work_bytes`). A composite's is the stage's
+  whole work term: its kernel's work arrays and its result.
+- ``result_bytes``: the result slots the budget counts for the statistic (groups × its variables × bands, one band
+  for a composite, × itemsize × the chunk's pixels); they add up to the reduce stage's result term
+  (:attr:`StatisticsCost.result_bytes`).
+- ``output_bytes``: what the statistic's variables write per task (float32 for a geomedian:
+  :func:`rasterflow.geomedian.geomedian_output_bytes`, else the working dtype).
+- ``kernel_work_bytes`` (geomedian, best only): the kernel's own measured formula for one slab
+  (:func:`rasterflow.geomedian.geomedian_work_bytes`) or the block (:func:`rasterflow.bestpixel.best_work_bytes`),
+  the part of ``work_bytes`` that is the kernel's.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class StatisticsCost:
     task_pixels: int
     dates: int
     work_bytes: int
-    """The budget's working copies (the largest statistic's: they run one after the other)."""
+    """The budget's work term (a list: the largest statistic's copies, they run one after the other, and one band's
+    statistics; a composite: its kernel's work and result)."""
     result_bytes: int
     """The budget's result term (every statistic's slots)."""
     stage: str
@@ -73,17 +75,6 @@ class StatisticsCost:
                 names = names[:57] + "..."
             out.append(f"  {label:<16} {s.name:<10} work {format_bytes(s.work_bytes):>9}, writes "
                        f"{format_bytes(s.output_bytes):>9} per task{kernel} ({names})")
-        for s in self.statistics:
-            if s.kernel_work_bytes is not None and s.kernel_work_bytes > s.work_bytes:
-                out.append(f"  {'':<16} {'':<10} note: the {s.name} kernel's measured formula is above the budget's "
-                           f"work term by {format_bytes(s.kernel_work_bytes - s.work_bytes)} per task "
-                           f"(rasterflow profile measures it)")
-        sized_by = self.stage.split(" ", 1)[-1]
-        for s in self.statistics:
-            if s.work_bytes > self.work_bytes:
-                out.append(f"  {'':<16} {'':<10} note: {s.name}'s work is above the budget's work term "
-                           f"({sized_by}'s, the method it sizes the task by) by "
-                           f"{format_bytes(s.work_bytes - self.work_bytes)}")
         after = " (they run one after the other)" if len(self.statistics) > 1 else ""
         subset = (f" + a period's subset {format_bytes(self.period_subset_bytes)}"
                   if self.period_subset_bytes else "")
@@ -106,7 +97,7 @@ def statistics_cost(spec: Any, shape: Any, inputs: Any) -> StatisticsCost | None
     """Per statistic of a list ``reduce``, or of a geomedian or best-pixel composite, its terms in the budget's
     reduce stage for the largest task; None for anything else (a single statistic: the stage table says it all)."""
     from rasterflow.budget.constants import REDUCTION_EXTRA_PLANES
-    from rasterflow.budget.paths import _n_groups, code_path
+    from rasterflow.budget.paths import _n_groups, code_path, reduce_work
 
     reduce = spec.reduce if not isinstance(spec.reduce, list) else None
     composite = reduce is not None and reduce.method in ("geomedian", "best")
@@ -119,9 +110,7 @@ def statistics_cost(spec: Any, shape: Any, inputs: Any) -> StatisticsCost | None
     n_bands = len(shape.bands)
     group = min(inputs.group_dates or part.dates, part.dates) * terms.one  # one band's series (of a period)
     band_names = [name for name, _ in shape.bands]
-
-    def work(method: str) -> int:
-        return int(REDUCTION_EXTRA_PLANES[method] * group)
+    stage_work, _ = reduce_work(shape, inputs, part, group)
 
     stats: list[StatisticCost] = []
     if reduce is not None and reduce.method == "geomedian":
@@ -131,8 +120,8 @@ def statistics_cost(spec: Any, shape: Any, inputs: Any) -> StatisticsCost | None
         variables = geomedian_variables(list(reduce.bands), reduce.mads)
         slab = slab_rows(part.rows, part.cols, DEFAULT_WORK_PIXELS) * part.cols
         stats.append(StatisticCost(
-            name="geomedian", method="geomedian", variables=variables, work_bytes=work("geomedian"),
-            result_bytes=groups * len(variables) * n_bands * w * task.pixels,
+            name="geomedian", method="geomedian", variables=variables, work_bytes=stage_work,
+            result_bytes=groups * len(variables) * w * task.pixels,
             output_bytes=groups * geomedian_output_bytes(len(reduce.bands), task.pixels, reduce.mads),
             kernel_work_bytes=geomedian_work_bytes(part.dates, len(reduce.bands), min(slab, part.pixels))))
     elif reduce is not None and reduce.method == "best":
@@ -140,18 +129,18 @@ def statistics_cost(spec: Any, shape: Any, inputs: Any) -> StatisticsCost | None
 
         variables = tuple(spec.bands)
         stats.append(StatisticCost(
-            name="best", method="best", variables=variables, work_bytes=work("best"),
-            result_bytes=groups * len(variables) * n_bands * w * task.pixels,
-            output_bytes=groups * len(variables) * 4 * task.pixels,
-            kernel_work_bytes=best_work_bytes(part.pixels)))
+            name="best", method="best", variables=variables, work_bytes=stage_work,
+            result_bytes=groups * len(variables) * w * task.pixels,
+            output_bytes=groups * len(variables) * w * task.pixels,
+            kernel_work_bytes=best_work_bytes(part.pixels, w, w)))
     else:
         for name, method, _q in spec.statistics:
             stats.append(StatisticCost(
                 name=name, method=method, variables=tuple(f"{band}_{name}" for band in band_names),
-                work_bytes=work(method), result_bytes=groups * n_bands * w * task.pixels,
+                work_bytes=int(REDUCTION_EXTRA_PLANES[method] * group), result_bytes=groups * n_bands * w * task.pixels,
                 output_bytes=groups * n_bands * w * task.pixels))
     method = shape.reduce_method or ""
     return StatisticsCost(statistics=tuple(stats), task_pixels=task.pixels, dates=part.dates,
-                          work_bytes=work(method), result_bytes=groups * max(1, shape.n_quantiles) * n_bands * w
-                          * task.pixels, stage=f"reduce {method}",
-                          period_subset_bytes=group if shape.has_period else 0)
+                          work_bytes=stage_work, result_bytes=groups * max(1, shape.n_quantiles)
+                          * shape.result_bands * w * task.pixels, stage=f"reduce {method}",
+                          period_subset_bytes=group if shape.has_period and not shape.composite else 0)

@@ -327,8 +327,6 @@ def test_the_local_path_is_bounded_too():
 
 
 def test_task_layer_is_a_mapping_of_tasks_made_when_asked():
-    import dask
-
     from rasterflow.layers import TaskLayer
 
     made = []

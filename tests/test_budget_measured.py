@@ -67,6 +67,8 @@ class Case:
     """The fused task reduces its chunks in sub-blocks (``budget.sub_block``)."""
     worker_tiles: bool = False
     """COG output whose tiles the workers compress (``budget.cog_tile_layout``)."""
+    reduce: tuple[tuple[str, object], ...] | list[dict[str, object]] = ()
+    """The spec's ``reduce`` when it is not ``{method, q}``: a geomedian, a best-pixel composite or a list."""
 
 
 CASES = {
@@ -90,6 +92,15 @@ CASES = {
     # quantiles (one COG per quantile): the result of every quantile held while each is tiled and written
     "quantiles": Case("fused", (1536, 1536), "quantile", threads=2, q=(0.1, 0.5, 0.9), fmt="cog",
                       sub_blocks=True, worker_tiles=True),
+    # several statistics from one read (issue 29): count's working copies are larger than the median's
+    "statistics": Case("fused", (3072, 3072), "list", bands=("ndvi", "evi"), sub_blocks=True,
+                       reduce=[{"method": "median"}, {"method": "count"}, {"method": "quantile", "q": [0.1, 0.9]}]),
+    # the geomedian + MADs of three bands (geomad in the task: its slab copy and work arrays)
+    "geomedian": Case("fused", (3072, 3072), "geomedian", sub_blocks=True,
+                      reduce=(("method", "geomedian"), ("bands", ["red", "green", "nir", "ndvi"]), ("mads", True))),
+    # the best-pixel composite: every band from the date of the largest NDVI, two threads
+    "best pixel": Case("fused", (3072, 1536), "best", threads=2, bands=THREE, sub_blocks=True,
+                       reduce=(("method", "best"), ("by", "ndvi"), ("order", "max"))),
 }
 
 
@@ -103,7 +114,11 @@ def scenes(tmp_path_factory):
 def spec_data(case: Case, scenes, out_dir: Path) -> dict:
     x0, _, _, y1 = scenes.bounds
     reduce = None
-    if case.method:
+    if isinstance(case.reduce, list):
+        reduce = case.reduce
+    elif case.reduce:
+        reduce = {"over": "time", **dict(case.reduce)}
+    elif case.method:
         reduce = {"over": "time", "method": case.method}
         if case.q:
             reduce["q"] = list(case.q)

@@ -98,3 +98,21 @@ def test_cleanup_without_a_mask_is_refused(sample, tmp_path):
     path.write_text(spec_text(sample, mask=None, extra=CLEANUP))
     result = CliRunner().invoke(cli, ["validate", str(path)])
     assert result.exit_code == 2 and "mask_cleanup cleans the mask" in result.output, result.output
+
+
+def test_the_tasks_and_the_budget_take_one_halo(sample, tmp_path):
+    """The halo the tasks read (the plan's program) and the one the budget counts come from one rule
+    (``Spec.cleanup_halo``): an opening or a closing reaches twice its radius, a dilation or an erosion once."""
+    from conftest import spec_text
+
+    from rasterflow import budget
+    from rasterflow.commands import plan_with_items, search
+    from rasterflow.planning import local_layout
+    from rasterflow.spec import load_spec
+
+    path = tmp_path / "halo.yaml"
+    path.write_text(spec_text(sample, reduce="{method: median}",
+                              extra="\nmask_cleanup: [{opening: 2}, {dilation: 3}, {closing: 1}, {erosion: 1}]\n"))
+    loaded = load_spec(path)
+    plan = plan_with_items(loaded, search(loaded), local_layout(loaded.spec))
+    assert plan.program.halo == budget.pipeline_shape(loaded.spec).halo == 2 * 2 + 3 + 2 * 1 + 1

@@ -38,6 +38,12 @@ def _work(method: str) -> int:
     return int(REDUCTION_EXTRA_PLANES[method] * SAMPLE_DATES * PIXELS * W)
 
 
+def _list_work(methods: tuple[str, ...], n_statistics: int, series: int = SAMPLE_DATES * PIXELS * W) -> int:
+    """A list's work term: the largest working copies of its methods (they run one after the other on the same
+    series) + the block of one band's statistics they fill."""
+    return int(max(REDUCTION_EXTRA_PLANES[m] for m in methods) * series) + n_statistics * PIXELS * W
+
+
 def _reduce_stage(budget: dict, n_bands: int, work: int, results: int) -> int:
     """The fused reduce stage: one item loaded + every band's series + the working copies + the results."""
     return _stage(budget, "load") + n_bands * SAMPLE_DATES * PIXELS * W + work + results
@@ -54,7 +60,7 @@ def test_a_list_splits_the_reduce_stage_by_statistic(write_spec):
     for s in stats["statistics"]:
         assert s["output_bytes"] == s["result_bytes"] == PIXELS * W  # one band, one slot, float32
     # the budget counts the largest working set (the statistics run one after the other) and every result
-    assert stats["work_bytes"] == max(_work(m) for m in ("median", "quantile", "count")) > 0
+    assert stats["work_bytes"] == _list_work(("median", "quantile", "count"), 4) > 0
     assert stats["result_bytes"] == sum(s["result_bytes"] for s in stats["statistics"]) == 4 * PIXELS * W
     assert stats["stage"] == "reduce quantile"
     budget = payload["budget"]
@@ -74,13 +80,11 @@ def test_a_list_per_month_counts_every_period_and_the_subset(write_spec):
     stage = _stage(budget, "reduce median")
     assert stage == _stage(budget, "load") + dates * PIXELS * W + stats["work_bytes"] \
         + stats["period_subset_bytes"] + stats["result_bytes"]
-    # the subset is the largest month's dates; the budget sizes the task by the order statistic (median), whose
-    # working copies are fewer than count's: plan shows both, and says so
-    assert stats["work_bytes"] == int(REDUCTION_EXTRA_PLANES["median"] * stats["period_subset_bytes"])
+    # the subset is the largest month's dates; the task is named by the order statistic (median: time whole), but
+    # its work term is count's working copies, the larger of the two (issue 29: sized by median's, it was under)
+    assert REDUCTION_EXTRA_PLANES["count"] > REDUCTION_EXTRA_PLANES["median"]
+    assert stats["work_bytes"] == _list_work(("median", "count"), 2, stats["period_subset_bytes"])
     assert stats["statistics"][1]["work_bytes"] == int(REDUCTION_EXTRA_PLANES["count"] * stats["period_subset_bytes"])
-    text = CliRunner().invoke(cli, ["plan", str(write_spec(reduce="[{method: median, period: month}, "
-                                                           "{method: count}]"))]).output
-    assert "note: count's work is above the budget's work term (median's, " in text
 
 
 def test_a_geomedian_and_its_kernel_formula(write_spec):
@@ -92,9 +96,10 @@ def test_a_geomedian_and_its_kernel_formula(write_spec):
     assert gm["output_bytes"] == geomedian_output_bytes(3, PIXELS, True) == 7 * PIXELS * 4
     # the whole 96² block is one slab (DEFAULT_WORK_PIXELS = 256²): the kernel's measured formula of it
     assert gm["kernel_work_bytes"] == geomedian_work_bytes(SAMPLE_DATES, 3, PIXELS)
-    assert gm["work_bytes"] == stats["work_bytes"] == _work("geomedian")
-    # the budget's result slots: 7 variables for each of the task's 4 bands (ndvi and the 3 the geomedian reads)
-    assert gm["result_bytes"] == stats["result_bytes"] == 7 * 4 * PIXELS * W
+    # the budget's work term is the kernel's work and its float32 result of 7 variables
+    assert gm["work_bytes"] == stats["work_bytes"] == gm["kernel_work_bytes"] + 7 * PIXELS * 4
+    # the result slots: 7 variables, one band axis (a composite's variables are its slots, not one per band)
+    assert gm["result_bytes"] == stats["result_bytes"] == 7 * PIXELS * W
     budget = payload["budget"]
     assert _stage(budget, "reduce geomedian") == _reduce_stage(budget, 4, gm["work_bytes"], gm["result_bytes"])
 
@@ -104,7 +109,7 @@ def test_a_best_pixel_composite(write_spec):
     (best,) = payload["statistics"]["statistics"]
     assert (best["name"], best["variables"]) == ("best", ["ndvi"])
     assert best["kernel_work_bytes"] == best_work_bytes(PIXELS)
-    assert best["work_bytes"] == _work("best")
+    assert best["work_bytes"] == best_work_bytes(PIXELS) + PIXELS * W  # the selection's work + the gathered band
     assert best["output_bytes"] == best["result_bytes"] == PIXELS * 4
     budget = payload["budget"]
     assert _stage(budget, "reduce best") == _reduce_stage(budget, 1, best["work_bytes"], best["result_bytes"])
@@ -116,7 +121,7 @@ def test_plan_text_has_a_line_per_statistic_and_none_for_a_single_one(write_spec
     start = next(i for i, line in enumerate(lines) if line.startswith("  statistics       "))
     assert [line.split()[0] for line in lines[start + 1:start + 4]] == ["q10", "q90", "count"]
     assert lines[start].split()[1] == "median"
-    assert "budget's reduce quantile: work 147 kB (they run one after the other) + results 147 kB" in lines[start + 4]
+    assert "budget's reduce quantile: work 295 kB (they run one after the other) + results 147 kB" in lines[start + 4]
     assert "  stage                 live planes   per task" in lines  # the rest is unchanged
     assert any(line.startswith("  verdict          fits") for line in lines)
     single = CliRunner().invoke(cli, ["plan", str(write_spec(name="single.yaml", reduce="{method: median}"))])
@@ -144,9 +149,11 @@ def test_profile_runs_one_task_of_each(write_spec, reduce, names):
     text = "\n".join(profile.lines())
     first = reduce.split("method: ")[1].split("}")[0].split(",")[0]
     assert f"  statistics       {first}" in text
-    # the measured task is of the predicted order: the kernel's formula is what the budget leaves out for a
-    # geomedian (the report shows it beside the budget's term)
-    assert profile.tracemalloc_peak < 4 * plan.report.peak_task_bytes
+    # the budget's projection of the task is within its band of what the task allocated (tracemalloc: every NumPy
+    # array, deterministic): never more than 10 % under, at most 30 % over. Before issue 29's fix a geomedian task
+    # measured 1.77x its projection (its per-period copy of every band's series, the kernel's work not counted).
+    ratio = plan.report.peak_task_bytes / profile.tracemalloc_peak
+    assert 0.90 <= ratio <= 1.30, (reduce, profile.tracemalloc_peak, plan.report.peak_task_bytes)
 
 
 def test_profile_command_names_the_statistics(write_spec):

@@ -56,8 +56,7 @@ def cog_tile_layout(shape: PipelineShape, inputs: BudgetInputs) -> Any:
     return cogtiles.fast_layout(
         height=height, width=width, chunks=(_axis_chunks(height, cy), _axis_chunks(width, cx)),
         blocksize=shape.cog_blocksize, resampling=shape.cog_resampling, computed_dtype=inputs.dtype, stored=stored,
-        band_names=tuple(f"{name}_{k}" if shape.statistics else name for name, _ in shape.bands
-                         for k in range(max(1, shape.statistics))), compression=codec, predictor="auto",
+        band_names=shape.output_band_names, compression=codec, predictor="auto",
         files=_cog_files(shape, inputs))
 
 
@@ -72,7 +71,7 @@ def client_peak_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
         return CLIENT_BASELINE_BYTES
     w = dtype_itemsize(inputs.dtype)
     cy, cx = inputs.chunk_yx
-    n_bands = len(shape.bands)
+    n_bands = len(shape.output_band_names)  # a file's bands
     n_files = _cog_files(shape, inputs)
     units = n_files * inputs.n_spatial_chunks
     layout = cog_tile_layout(shape, inputs)
@@ -101,5 +100,5 @@ def cog_copy_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
     :data:`COG_COPY_ROWS` rows, and :data:`COG_COPY_ROWS_PER_THREAD` more per further thread, of the file's width
     (a tile's with ``output.tiling``) × bands × stored itemsize."""
     width = inputs.grid_shape[1] if not shape.tile_size else min(inputs.grid_shape[1], shape.tile_size)
-    row = width * len(shape.bands) * dtype_itemsize(shape.stored_dtype or inputs.dtype)
+    row = width * len(shape.output_band_names) * dtype_itemsize(shape.stored_dtype or inputs.dtype)
     return int(row * (COG_COPY_ROWS + COG_COPY_ROWS_PER_THREAD * (max(1, inputs.client_cores) - 1)))

@@ -43,11 +43,37 @@ class PipelineShape:
     compression: str = "zstd"
     """``output.compression``."""
     halo: int = 0
-    """Pixels read around each task's window for ``mask_cleanup`` (:attr:`rasterflow.kernels.Program.halo`): the
+    """Pixels read around each task's window for ``mask_cleanup`` (``Spec.cleanup_halo``, as the plan's
+    :attr:`rasterflow.kernels.Program.halo`): the
     task's planes and series are counted at the grown size."""
     statistics: int = 0
     """Statistics of a list ``reduce`` (each band's variables: one per statistic, in one COG file per period);
     0 for a single ``reduce``."""
+    statistic_methods: tuple[str, ...] = ()
+    """The methods of a list ``reduce``, each once (they run one after the other on the same series: the reduce
+    stage counts the one with the most working copies); empty for a single ``reduce``."""
+    composite: str | None = None
+    """``geomedian`` or ``best`` (:class:`rasterflow.kernels.Composite`): one result of ``n_quantiles`` variables
+    for all the bands together, not one per band."""
+    composite_inputs: tuple[str, ...] = ()
+    """The bands a composite reads: a geomedian's bands; a best-pixel composite's output bands (``by`` is one of
+    the series too)."""
+    composite_outputs: tuple[str, ...] = ()
+    """A composite's variables, in the order of its result slots."""
+
+    @property
+    def result_bands(self) -> int:
+        """The band axis of a task's result: one per band, or one for a composite (whose variables are its slots)."""
+        return 1 if self.composite else len(self.bands)
+
+    @property
+    def output_band_names(self) -> tuple[str, ...]:
+        """The names of the output's variables per period (a COG's band descriptions)."""
+        if self.composite:
+            return self.composite_outputs
+        if self.statistics:
+            return tuple(f"{name}_{k}" for name, _ in self.bands for k in range(self.statistics))
+        return tuple(name for name, _ in self.bands)
 
 
 _ORDER_STATISTICS = ("median", "quantile")
@@ -76,6 +102,22 @@ def _composite_outputs(spec: Any) -> int:
     if reduce.method == "geomedian":
         return len(reduce.bands) + (3 if reduce.mads else 0) + 1
     return len(spec.bands)
+
+
+def _composite_shape(spec: Any) -> dict[str, Any]:
+    """The composite fields of :class:`PipelineShape` (empty for anything but a geomedian or best-pixel composite):
+    its inputs and outputs as :func:`rasterflow.kernels.Program` names them."""
+    reduce = spec.reduce if not isinstance(spec.reduce, list) else None
+    if reduce is None or reduce.method not in ("geomedian", "best"):
+        return {}
+    if reduce.method == "geomedian":
+        from rasterflow.geomedian import geomedian_variables
+
+        inputs = tuple(reduce.bands)
+        outputs = geomedian_variables(inputs, bool(reduce.mads))
+    else:
+        inputs = outputs = tuple(spec.bands)
+    return {"composite": str(reduce.method), "composite_inputs": inputs, "composite_outputs": tuple(outputs)}
 
 
 def pipeline_shape(spec: Any) -> PipelineShape:
@@ -108,7 +150,9 @@ def pipeline_shape(spec: Any) -> PipelineShape:
         cog_resampling=spec.output.cog.overview_resampling,
         compression=spec.output.compression,
         statistics=len(spec.statistics),
-        halo=sum((2 if op in ("opening", "closing") else 1) * r for op, r in spec.cleanup_steps),
+        statistic_methods=tuple(dict.fromkeys(method for _, method, _ in spec.statistics)),
+        **_composite_shape(spec),
+        halo=spec.cleanup_halo,
     )
 
 

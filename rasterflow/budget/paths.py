@@ -121,7 +121,7 @@ def sub_block(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape | None
 def _fitting_rows(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, cols: int) -> int:
     """The most rows of a ``cols``-wide sub-block whose working set, apart from the whole chunk's result, fits
     :func:`strip_target` (at least :data:`MIN_STRIP_ROWS`): the working set is affine in the rows."""
-    result = _n_groups(shape, inputs) * max(1, shape.n_quantiles) * len(shape.bands) * task.pixels \
+    result = _n_groups(shape, inputs) * max(1, shape.n_quantiles) * shape.result_bands * task.pixels \
         * dtype_itemsize(inputs.dtype)
     at_one = _block_peak(shape, inputs, task, (1, cols)) - result
     per_row = max(1, _block_peak(shape, inputs, task, (2, cols)) - result - at_one)
@@ -193,7 +193,7 @@ def item_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, blo
     load_px = sum(inputs.load_itemsizes(n_loaded)) + inputs.coverage_assets  # bytes per item and pixel
     item = LOAD_COPIES * part.pixels * load_px  # one item's raw planes
     n_groups = _n_groups(shape, inputs)  # every period of the output, whatever dates the chunk has
-    result = n_groups * max(1, shape.n_quantiles) * n_bands * w
+    result = n_groups * max(1, shape.n_quantiles) * shape.result_bands * w
     chunk_result = result * task.pixels if striped else 0  # filled strip by strip
     held = item + n_bands * series + chunk_result
     strip_words = f" (a {rows}×{cols} sub-block of the {task.rows}×{task.cols} chunk)" if striped else ""
@@ -229,25 +229,63 @@ def item_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, blo
 def fused_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, terms: ItemTerms, *,
                  writes: bool = True) -> list[tuple[str, int, str]]:
     """The fused task (``tasks.chunk_reduce``): the shared stages, the reduction of each band's series
-    (``kernels.reduce_block``: :data:`REDUCTION_EXTRA_PLANES`, a period's subset copy) into the chunk's result, and
+    (``kernels.reduce_block``: :func:`reduce_work`, a period's subset copy) into the chunk's result, and
     (``writes``) the write of one of the result's entries that follows on the worker (:func:`write_extra_bytes`)."""
     stages = list(terms.stages)
     part, one, held, result = terms.part, terms.one, terms.held, terms.result
-    n_bands, quantiles = len(shape.bands), max(1, shape.n_quantiles)
+    quantiles = max(1, shape.n_quantiles)
     method = shape.reduce_method or ""
     group = min(inputs.group_dates or part.dates, part.dates) * one
-    extra = REDUCTION_EXTRA_PLANES[method] * group + (group if shape.has_period else 0)
+    work, work_words = reduce_work(shape, inputs, part, group)
+    # a period's dates are a slice of the series (no copy) for a composite; the per-band statistics copy them
+    subset = group if shape.has_period and not shape.composite else 0
     out = result * part.pixels
-    stages.append((f"reduce {method}", int(held + extra + out),
-                   f"{terms.base} + {REDUCTION_EXTRA_PLANES[method]:g} working copies"
-                   + (" of a period's subset + the subset" if shape.has_period else "")
-                   + f" + the {terms.n_groups}×{quantiles}×{n_bands} result{terms.strip_words}"))
+    stages.append((f"reduce {method}", int(held + work + subset + out),
+                   f"{terms.base} + {work_words}" + (" + a period's subset" if subset else "")
+                   + f" + the {terms.n_groups}×{quantiles}×{shape.result_bands} result{terms.strip_words}"))
     if writes:
         # the write task of one of the chunk's entries, its whole result alive (graph._reduced_band selects views)
         extra_write, words = write_extra_bytes(shape, inputs, task.pixels)
         stages.append(("write", int(result * task.pixels + extra_write),
-                       f"the chunk's {terms.n_groups}×{quantiles}×{n_bands} result + {words}"))
+                       f"the chunk's {terms.n_groups}×{quantiles}×{shape.result_bands} result + {words}"))
     return stages
+
+
+def reduce_work(shape: PipelineShape, inputs: BudgetInputs, part: TaskShape, group: int) -> tuple[int, str]:
+    """What the fused task's reduction allocates beside the band series and its result array, over ``part`` (the
+    task or its sub-block; ``group``: one band's series of the largest period), and its words.
+
+    - one statistic: :data:`REDUCTION_EXTRA_PLANES` of ``group``;
+    - a list (``kernels.reduce_statistics``): the statistics run one after the other on the same series, so the
+      largest working copies of its methods, plus the ``(statistics, y, x)`` block they fill for one band;
+    - a geomedian (``kernels.composite_result``): geomad's measured work arrays for one slab
+      (:func:`rasterflow.geomedian.geomedian_work_bytes`), its float32 result and, for float64, the cast copy;
+    - a best-pixel composite: the selection's work (:func:`rasterflow.bestpixel.best_work_bytes`) and the gathered
+      bands (in the working dtype).
+    """
+    w = dtype_itemsize(inputs.dtype)
+    pixels = part.pixels
+    n_out = max(1, shape.n_quantiles)
+    if shape.composite == "geomedian":
+        from rasterflow.geomedian import DEFAULT_WORK_PIXELS, geomedian_work_bytes, slab_rows
+
+        slab = min(pixels, slab_rows(part.rows, part.cols, DEFAULT_WORK_PIXELS) * part.cols)
+        kernel = geomedian_work_bytes(part.dates, len(shape.composite_inputs), slab)
+        outputs = n_out * 4 * pixels + (n_out * w * pixels if w != 4 else 0)
+        return kernel + outputs, (f"geomad's work for a {slab}-pixel slab + its float32 result of {n_out} variables"
+                                  + (" and their cast" if w != 4 else ""))
+    if shape.composite == "best":
+        from rasterflow.bestpixel import best_work_bytes
+
+        kernel = best_work_bytes(pixels, w, w)
+        return kernel + n_out * w * pixels, f"the selection's work + the {n_out} gathered bands"
+    methods = shape.statistic_methods or (shape.reduce_method or "",)
+    copies = max(REDUCTION_EXTRA_PLANES.get(m, 1.0) for m in methods)
+    if not shape.statistic_methods:
+        return int(copies * group), f"{copies:g} working copies"
+    block = shape.statistics * pixels * w
+    return int(copies * group + block), (f"{copies:g} working copies (the largest of "
+                                         f"{', '.join(methods)}) + the {shape.statistics} statistics of one band")
 
 
 def _bands_out(shape: PipelineShape, terms: ItemTerms) -> tuple[str, int, str]:
@@ -305,7 +343,7 @@ def write_extra_bytes(shape: PipelineShape, inputs: BudgetInputs, pixels: int) -
     0 for Zarr v3 shards (:func:`held_for_shards` counts the shard's write)."""
     w = dtype_itemsize(inputs.dtype)
     stored_w = dtype_itemsize(shape.stored_dtype or inputs.dtype)
-    n_bands = len(shape.bands)
+    n_bands = len(shape.output_band_names)  # a COG file's bands
     if shape.output_format == "cog":
         stacked = n_bands * pixels * w
         layout = cog_tile_layout(shape, inputs)
@@ -329,7 +367,7 @@ def units_in_flight(shape: PipelineShape, inputs: BudgetInputs) -> int:
     entry of a chunk; :data:`TILES_INFLIGHT_PER_THREAD` or :data:`COG_INFLIGHT_PER_THREAD` for a COG, whose unit is
     up to :data:`COG_BATCH_BYTES` of a chunk's files), shared by the workers, at most the chunks a worker gets."""
     threads = max(1, inputs.n_workers * inputs.threads_per_worker)
-    n_bands = max(1, len(shape.bands))
+    n_bands = max(1, len(shape.output_band_names))
     if shape.output_format == "cog":
         per_thread = TILES_INFLIGHT_PER_THREAD if cog_tile_layout(shape, inputs) is not None \
             else COG_INFLIGHT_PER_THREAD
@@ -339,7 +377,7 @@ def units_in_flight(shape: PipelineShape, inputs: BudgetInputs) -> int:
         keys = min(max(1, min(cap, COG_BATCH_BYTES // max(1, unit_bytes))), _cog_files(shape, inputs))
     else:
         cap = max(2, IN_FLIGHT_PER_THREAD * threads)
-        keys = n_bands * _n_groups(shape, inputs) * max(1, shape.n_quantiles)
+        keys = shape.result_bands * _n_groups(shape, inputs) * max(1, shape.n_quantiles)
     units = max(1, cap // keys)
     workers = max(1, inputs.n_workers)
     return max(1, min(math.ceil(inputs.n_spatial_chunks / workers), math.ceil(units / workers)))
@@ -441,7 +479,7 @@ def fused_held(shape: PipelineShape, inputs: BudgetInputs) -> int:
     waiting = min(running, max(0, units_in_flight(shape, inputs) - running))
     if entries > 1 and math.ceil(inputs.n_spatial_chunks / max(1, inputs.n_workers)) > running:
         waiting = max(waiting, 1)
-    return waiting * entries * len(shape.bands) * one
+    return waiting * entries * shape.result_bands * one
 
 
 def _held_blocks(shape: PipelineShape, inputs: BudgetInputs, running: int, n_held: int) -> int:
@@ -527,7 +565,7 @@ def held_for_shards(shape: PipelineShape, inputs: BudgetInputs) -> int:
     rows, cols = _store_blocks(shape, inputs)
     blocks = min(side, rows) * min(side, cols)
     entries = _n_groups(shape, inputs) * max(1, shape.n_quantiles)
-    chunk_result = entries * len(shape.bands) * cy * cx * dtype_itemsize(inputs.dtype)
+    chunk_result = entries * shape.result_bands * cy * cx * dtype_itemsize(inputs.dtype)
     shard_results = blocks * chunk_result
     others = (SHARDS_IN_FLIGHT - 1) * shard_results / max(1, inputs.n_workers)
     stored = blocks * cy * cx * dtype_itemsize(shape.stored_dtype or inputs.dtype)  # one band's shard, one entry

@@ -11,6 +11,7 @@ from datetime import date, datetime
 import math
 import re
 from pathlib import PurePosixPath
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -788,6 +789,14 @@ class MaskStep(_Model):
         raise AssertionError("validated: one operation")
 
 
+
+def cleanup_halo(steps: Sequence[tuple[str, int]]) -> int:
+    """Pixels around a window that ``mask_cleanup``'s steps look at: the sum of their reach (an opening or a closing
+    is two passes of its radius, a dilation or an erosion one), so that the cleaned mask inside the window does not
+    depend on where the window ends. The one rule for the tasks' reads (the plan's ``Program.halo``) and the budget.
+    """
+    return sum((2 if operation in ("opening", "closing") else 1) * radius for operation, radius in steps)
+
 class Spec(_Model):
     """A rasterflow pipeline spec, version 1."""
 
@@ -916,6 +925,11 @@ class Spec(_Model):
     def cleanup_steps(self) -> tuple[tuple[str, int], ...]:
         """``mask_cleanup`` as ``(operation, radius)`` pairs, in order."""
         return tuple(step.operation for step in self.mask_cleanup or ())
+
+    @property
+    def cleanup_halo(self) -> int:
+        """Pixels read around every task's window for ``mask_cleanup`` (:func:`cleanup_halo`)."""
+        return cleanup_halo(self.cleanup_steps)
 
     @property
     def program_bands(self) -> dict[str, str]:
