@@ -16,8 +16,8 @@ still has its holes reported. An href that failed for good fails at once in the 
 is missing from all of that worker's windows. With ``nodata``, :func:`check_quota` fails the run when the share of
 the job's files that failed exceeds ``max_failed_fraction``.
 
-One policy per worker process: two runs with different policies on one shared cluster at the same time would
-see the later one's (the statistics stay apart, keyed by ``run_id``).
+Two runs on one shared cluster at the same time read under their own policies (each task carries its run's) and
+their statistics stay apart (keyed by ``run_id``).
 """
 
 from __future__ import annotations
