@@ -101,7 +101,10 @@ def test_a_geomedian_and_its_kernel_formula(write_spec):
     # the result slots: 7 variables, one band axis (a composite's variables are its slots, not one per band)
     assert gm["result_bytes"] == stats["result_bytes"] == 7 * PIXELS * W
     budget = payload["budget"]
-    assert _stage(budget, "reduce geomedian") == _reduce_stage(budget, 4, gm["work_bytes"], gm["result_bytes"])
+    # the task's series: the 3 bands the geomedian reads (the spec's ndvi is not one of them: not computed)
+    assert _stage(budget, "reduce geomedian") == _reduce_stage(budget, 3, gm["work_bytes"], gm["result_bytes"])
+    assert not any(s["stage"] == "band ndvi" for s in budget["stages"])
+    assert any("band ndvi is not computed: the geomedian reads only reduce.bands" in w for w in budget["warnings"])
 
 
 def test_a_best_pixel_composite(write_spec):
@@ -163,3 +166,20 @@ def test_profile_command_names_the_statistics(write_spec):
     assert "variables of the task      ndvi_median, ndvi_q10, ndvi_q90, ndvi_count" in result.output
     assert "  statistics       median" in result.output
     assert "measured, tracemalloc" in result.output
+
+
+def test_a_geomedian_computes_only_the_bands_it_reads(write_spec):
+    """Bands the geomedian does not read, directly or through another band, are not computed (and ``validate``
+    says so); a band another one reads is kept."""
+    from rasterflow.spec import load_spec
+
+    bands = ('{ndvi: "(nir - red) / (nir + red)", ndvi2: "ndvi * 2", evi: "2.5 * (nir - red) / (nir + 1)"}')
+    loaded = load_spec(write_spec(bands=bands, reduce="{method: geomedian, bands: [red, ndvi2]}"))
+    assert loaded.spec.unused_bands == ("evi",)
+    assert list(loaded.spec.program_bands) == ["ndvi", "ndvi2", "red"]
+    result = CliRunner().invoke(cli, ["validate", str(write_spec(name="v.yaml", bands=bands,
+                                                                 reduce="{method: geomedian, bands: [red, ndvi2]}"))])
+    assert result.exit_code == 0, result.output
+    assert "band evi is not computed: the geomedian reads only reduce.bands" in result.output
+    # any other reduction writes every band: none is unused
+    assert load_spec(write_spec(name="m.yaml", bands=bands, reduce="{method: median}")).spec.unused_bands == ()

@@ -171,6 +171,14 @@ def assumed_items(inputs: BudgetInputs) -> str:
     )
 
 
+def unused_bands(shape: PipelineShape) -> str:
+    """The bands no output needs (a geomedian writes only its own bands): not computed."""
+    names = ", ".join(shape.unused_bands)
+    words = f"bands {names} are" if len(shape.unused_bands) > 1 else f"band {names} is"
+    return (f"{words} not computed: the geomedian reads only reduce.bands (and the bands their expressions "
+            f"use); remove them from bands, or add them to reduce.bands to have them in the geomedian")
+
+
 def narrower_loads(inputs: BudgetInputs, report: BudgetReport, narrow: BudgetReport) -> str:
     """``validate``'s warning in place of a refusal that narrower loads would lift (:func:`static_estimate`)."""
     return (f"over budget if the assets load as {inputs.load_dtype or inputs.dtype} "

@@ -60,6 +60,8 @@ class PipelineShape:
     the series too)."""
     composite_outputs: tuple[str, ...] = ()
     """A composite's variables, in the order of its result slots."""
+    unused_bands: tuple[str, ...] = ()
+    """Bands of the spec no output needs (``Spec.unused_bands``): not computed, and said so."""
 
     @property
     def result_bands(self) -> int:
@@ -152,6 +154,7 @@ def pipeline_shape(spec: Any) -> PipelineShape:
         statistics=len(spec.statistics),
         statistic_methods=tuple(dict.fromkeys(method for _, method, _ in spec.statistics)),
         **_composite_shape(spec),
+        unused_bands=spec.unused_bands,
         halo=spec.cleanup_halo,
     )
 

@@ -28,6 +28,7 @@ from rasterflow.budget.messages import (
     time_split,
     too_many_tasks,
     under_used,
+    unused_bands,
 )
 from rasterflow.budget.model import BudgetInputs, BudgetReport, PipelineShape
 from rasterflow.budget.paths import (
@@ -93,6 +94,8 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
         warnings.append(FLOAT64_WARNING)
     if inputs.time_source == "assumed":
         warnings.append(assumed_items(inputs))
+    if shape.unused_bands:
+        warnings.append(unused_bands(shape))
     return BudgetReport(
         inputs=inputs,
         stages=stages,

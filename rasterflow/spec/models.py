@@ -934,14 +934,44 @@ class Spec(_Model):
     @property
     def program_bands(self) -> dict[str, str]:
         """The bands the tasks compute: ``bands``, and an asset a geomedian or best-pixel composite names (its
-        masked values, as a band of the same name)."""
+        masked values, as a band of the same name). A geomedian writes only its own bands: a band it does not
+        read, directly or through another band, is not computed (:attr:`unused_bands`)."""
         out = dict(self.bands)
         reduce = self.reduce if not isinstance(self.reduce, list) else None
         if reduce is not None and reduce.method in COMPOSITE_METHODS:
             for name in [*(reduce.bands or ()), *([reduce.by] if reduce.by else [])]:
                 if name not in out:
                     out[name] = name
-        return out
+        unused = self.unused_bands
+        return {name: text for name, text in out.items() if name not in unused}
+
+    @property
+    def unused_bands(self) -> tuple[str, ...]:
+        """Bands of ``bands`` that no output needs: with a geomedian, those it does not read (directly or through
+        another band's expression); empty otherwise (every band is an output)."""
+        reduce = self.reduce if not isinstance(self.reduce, list) else None
+        if reduce is None or reduce.method != "geomedian" or not reduce.bands:
+            return ()
+        from rasterflow.expr import parse_expression
+
+        assets = list(self.source.assets)
+        reads: dict[str, frozenset[str]] = {}
+        known = list(assets)
+        for name, text in self.bands.items():
+            try:
+                reads[name] = frozenset(parse_expression(text, known, what=f"band {name!r}").names)
+            except ExpressionError:  # validation reports it
+                return ()
+            known.append(name)
+        needed: set[str] = set()
+        pending = [b for b in reduce.bands if b in self.bands]
+        while pending:
+            name = pending.pop()
+            if name in needed:
+                continue
+            needed.add(name)
+            pending.extend(n for n in reads.get(name, ()) if n in self.bands)
+        return tuple(name for name in self.bands if name not in needed)
 
     @property
     def reduce_period(self) -> Any:
