@@ -209,19 +209,32 @@ def test_periods_count_the_largest_period_subset():
 
 def test_one_process_runs_reduce_in_smaller_sub_blocks():
     """``processes: false`` shares its process with the client's libraries: its fused tasks reduce in sub-blocks of
-    ONE_PROCESS_STRIP_TARGET_BYTES (8 MiB) where worker processes reduce a 1024² x 8 chunk whole."""
+    ONE_PROCESS_STRIP_TARGET_BYTES (8 MiB) where worker processes reduce a 1024² x 8 chunk whole, but never in
+    strips thinner than a source tile (a window read per item and asset each, under one GIL: 2x the wall on a
+    36-date season)."""
     shape = _shape("median")
     procs = _inputs(n_time=8, source_tile=(512, 512), threads_per_worker=2)
     one = dataclasses.replace(procs, one_process=True)
     assert budget.strip_target(procs) == budget.STRIP_TARGET_BYTES
     assert budget.strip_target(one) == budget.ONE_PROCESS_STRIP_TARGET_BYTES < budget.STRIP_TARGET_BYTES
     assert budget.sub_block(shape, procs) == (0, 0)
-    rows, cols = budget.sub_block(shape, one)
-    assert cols == 512 and 16 <= rows < 512  # strips of one source tile's width: no tile fits the target whole
+    assert budget.sub_block(shape, one) == (512, 512)  # one source tile: a whole tile is over the 8 MiB target
     report = budget.estimate(shape, one)
-    assert report.sub_block == (rows, cols)
-    assert report.peak_task_bytes <= budget.ONE_PROCESS_STRIP_TARGET_BYTES + ONE
+    assert report.sub_block == (512, 512)
     assert report.peak_task_bytes < budget.estimate(shape, procs).peak_task_bytes / 3
+    # without known source tiles, full-width strips of the target as before
+    untiled = dataclasses.replace(one, source_tile=None)
+    rows, cols = budget.sub_block(shape, untiled)
+    assert cols == 1024 and 16 <= rows < 512
+    assert budget.estimate(shape, untiled).peak_task_bytes <= budget.ONE_PROCESS_STRIP_TARGET_BYTES + ONE
+    # a deep series: strips of a tile in either layout, one process's no thinner than the worker processes' (the
+    # task within STRIP_TARGET_BYTES, memory flat in the dates)
+    deep = dataclasses.replace(procs, n_time=365)
+    deep_rows = budget.sub_block(shape, deep)[0]
+    assert 16 <= deep_rows < 512
+    assert budget.sub_block(shape, dataclasses.replace(deep, one_process=True)) == (deep_rows, 512)
+    assert budget.estimate(shape, dataclasses.replace(deep, one_process=True)).peak_task_bytes \
+        <= budget.STRIP_TARGET_BYTES + ONE
 
 
 def test_deep_series_are_reduced_in_sub_blocks_that_keep_the_task_flat():

@@ -112,20 +112,32 @@ def sub_block(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape | None
     cols = tile_x if tile_x and tile_x < task.cols else task.cols
     rows = _fitting_rows(shape, inputs, task, cols)
     rows = max(MIN_STRIP_ROWS, math.ceil(task.rows / math.ceil(task.rows / rows)))  # equal strips
-    if tile_y and rows < tile_y:
+    if tile_y and rows < tile_y and inputs.one_process:
+        # one process: strips no thinner than worker processes would cut (their target), up to a whole tile. Each
+        # strip reads a window per item and asset and runs the kernels on it, under one GIL for both threads: a
+        # 5490² x 36-date median ran 28-37 s in strips of 86 rows and 11-19 s in whole tiles, for 278 -> 323 MB
+        # (benchmarks/README.md, remote_read.py's season); the task stays within the worker processes' target.
+        from rasterflow import budget
+
+        rows = max(rows, min(tile_y, _fitting_rows(shape, inputs, task, cols, budget.STRIP_TARGET_BYTES)))
+        rows = math.ceil(tile_y / math.ceil(tile_y / rows))  # equal strips of a tile
+    elif tile_y and rows < tile_y:
         rows = math.ceil(tile_y / math.ceil(tile_y / rows))  # equal strips of a tile
     return (0, 0) if (rows, cols) == (task.rows, task.cols) or rows >= task.rows and cols >= task.cols \
         else (min(rows, task.rows), cols)
 
 
-def _fitting_rows(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, cols: int) -> int:
+def _fitting_rows(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, cols: int,
+                  target: int | None = None) -> int:
     """The most rows of a ``cols``-wide sub-block whose working set, apart from the whole chunk's result, fits
-    :func:`strip_target` (at least :data:`MIN_STRIP_ROWS`): the working set is affine in the rows."""
+    ``target`` (default :func:`strip_target`; at least :data:`MIN_STRIP_ROWS`): the working set is affine in the
+    rows."""
+    target = strip_target(inputs) if target is None else target
     result = _n_groups(shape, inputs) * max(1, shape.n_quantiles) * shape.result_bands * task.pixels \
         * dtype_itemsize(inputs.dtype)
     at_one = _block_peak(shape, inputs, task, (1, cols)) - result
     per_row = max(1, _block_peak(shape, inputs, task, (2, cols)) - result - at_one)
-    return int(max(MIN_STRIP_ROWS, min(task.rows, (strip_target(inputs) - (at_one - per_row)) // per_row)))
+    return int(max(MIN_STRIP_ROWS, min(task.rows, (target - (at_one - per_row)) // per_row)))
 
 
 def _block_peak(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, block: tuple[int, int]) -> int:
