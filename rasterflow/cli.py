@@ -398,7 +398,7 @@ def _print_plan(loaded: LoadedSpec, plan: JobPlan) -> None:
     echo = click.secho
     report, inputs = plan.report, plan.report.inputs
     cy, cx = inputs.chunk_yx
-    echo(f"plan for {loaded.path} ({loaded.spec.name})", bold=True)
+    echo(f"plan for {loaded.path} ({plan.name})", bold=True)
     echo(f"  items found      {len(plan.items)}")
     echo(f"  grid             {plan.grid.shape[0]} x {plan.grid.shape[1]} px, {plan.grid.crs}, "
          f"{plan.grid.resolution:g} m, bounds {tuple(round(b, 3) for b in plan.grid.bounds)}")
@@ -428,7 +428,7 @@ def _print_plan(loaded: LoadedSpec, plan: JobPlan) -> None:
             echo(f"  remote reads     {cost.remote.summary()}")
     echo(f"  workers          {plan.layout.n_workers} x {plan.layout.threads_per_worker} thread(s), "
          f"limit {format_bytes(plan.layout.memory_limit)} each ({plan.layout.source})")
-    if loaded.spec.cluster.gdal_cachemax == "auto":
+    if plan.cluster.gdal_cachemax == "auto":
         why = ("every file on the grid, its tiles on the chunks' edges: each block is decoded once"
                if plan.gdal_cachemax == ALIGNED_GDAL_CACHEMAX else
                "reads that may decode a block twice (warped, tiles cut by chunk edges, or not known yet)")
@@ -437,15 +437,13 @@ def _print_plan(loaded: LoadedSpec, plan: JobPlan) -> None:
     for stage in report.stages:
         marker = "  <- worst" if stage is report.worst_stage else ""
         echo(f"    {stage.stage:<20} {stage.planes:>8g}   {format_bytes(stage.bytes_per_task):>9}{marker}")
-    from rasterflow.statcost import statistics_cost
-
-    costs = statistics_cost(loaded.spec, plan.shape, inputs)  # what each statistic adds to the reduce stage
+    costs = plan.statistics_cost  # what each statistic adds to the reduce stage
     for line in costs.lines() if costs is not None else ():
         echo(line)
     echo(f"  per worker       {report.formula}")
     echo(f"                   = {report.fraction_of_limit:.0%} of the limit (allowed {inputs.max_fraction:.0%})")
     echo(f"  peak per worker  {format_bytes(report.peak_per_worker)}")
-    if loaded.spec.output.resolved_format == "cog":  # the client assembles the COGs (budget.client_peak_bytes)
+    if plan.output.format == "cog":  # the client assembles the COGs (budget.client_peak_bytes)
         echo(f"  client (COG)     {format_bytes(report.client_peak)}: baseline, blocks in flight and its GDAL cache")
     for warning in report.warnings:
         echo(f"  warning: {warning}", fg="yellow")

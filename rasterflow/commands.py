@@ -304,7 +304,7 @@ def plan_payload(loaded: LoadedSpec, plan: JobPlan) -> dict[str, Any]:
     layout = plan.layout
     return {
         "spec": str(loaded.path),
-        "name": loaded.spec.name,
+        "name": plan.name,
         "items": len(plan.items),
         "item_ids": [item["id"] for item in plan.items],
         "grid": {"crs": plan.grid.crs, "bounds": list(plan.grid.bounds), "shape": list(plan.grid.shape),
@@ -316,16 +316,9 @@ def plan_payload(loaded: LoadedSpec, plan: JobPlan) -> dict[str, Any]:
         # what the tasks hold and read (the chunk index; the items' declared grids): no file was opened for these
         "items_per_task": plan.report.inputs.items_per_task,
         "cost": None if plan.cost is None else dataclasses.asdict(plan.cost),
-        "statistics": _statistics_payload(loaded, plan),
+        # per statistic of the reduction, its terms in the budget's reduce stage (rasterflow.statcost)
+        "statistics": None if plan.statistics_cost is None else plan.statistics_cost.to_dict(),
     }
-
-
-def _statistics_payload(loaded: LoadedSpec, plan: JobPlan) -> dict[str, Any] | None:
-    """Per statistic of the reduction, its terms in the budget's reduce stage (:mod:`rasterflow.statcost`)."""
-    from rasterflow.statcost import statistics_cost
-
-    costs = statistics_cost(loaded.spec, plan.shape, plan.report.inputs)
-    return None if costs is None else costs.to_dict()
 
 
 def assets_applied(plan: JobPlan) -> dict[str, dict[str, Any]]:
@@ -810,11 +803,10 @@ def profile_command(loaded: LoadedSpec, *, flamegraph: str | None = None, use_me
     from rasterflow.profile import profile_one_task
 
     emit = emit or _no_emit
-    spec = loaded.spec
-    plan = plan_with_items(loaded, search(loaded), local_layout(spec))
+    plan = plan_with_items(loaded, search(loaded), local_layout(loaded.spec))
     if not plan.report.ok:
         emit("warning", {"message": "the budget check refuses this spec; profiling one task anyway"})
-    result = profile_one_task(plan, use_memray=use_memray, flamegraph=flamegraph, spec=spec)
+    result = profile_one_task(plan, use_memray=use_memray, flamegraph=flamegraph)
     return list(result.lines())
 
 

@@ -26,6 +26,7 @@ from rasterflow.units import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from rasterflow.spec import LoadedSpec, Spec
+    from rasterflow.statcost import StatisticsCost
 
 __all__ = [
     "ChunkIndex", "ClusterPlan", "EncodingPlan", "GridPlan", "OutputPlan", "cluster_plan", "output_plan", "JobCost", "JobPlan", "build_chunk_index", "tiles_on_chunk_edges", "job_cost", "resolve_grid", "local_layout", "budget_inputs", "make_plan", "static_check",
@@ -715,6 +716,10 @@ class JobPlan:
     """Where and how the result is written."""
     cluster: ClusterPlan = field(default_factory=ClusterPlan)
     """What the run computes on (the worker layout itself is :attr:`layout`)."""
+    statistics_cost: StatisticsCost | None = None
+    """Per statistic of a list ``reduce`` (or of a geomedian or best-pixel composite), its terms in the budget's
+    reduce stage for the largest task (:func:`rasterflow.statcost.statistics_cost`): the per-statistic lines of
+    ``plan`` and ``profile``; None for a single statistic or without a reduction."""
 
     @property
     def code_path(self) -> str:
@@ -841,6 +846,8 @@ def make_plan(spec: Spec, *, items: Sequence[dict[str, Any]] | None = None, layo
     no data type (see :func:`rasterflow.sources.resolve_sources`)."""
     import numpy as np
 
+    from rasterflow.statcost import statistics_cost
+
     grid = resolve_grid(spec)
     layout = layout or local_layout(spec)
     shape = budget.pipeline_shape(spec)
@@ -914,6 +921,7 @@ def make_plan(spec: Spec, *, items: Sequence[dict[str, Any]] | None = None, layo
             spec.source, [read.href for reads in sources.reads for read in reads if read is not None],
             remote.round_trip if remote is not None else None),
         output=output_plan(spec), cluster=cluster_plan(spec),
+        statistics_cost=statistics_cost(spec, shape, report.inputs),
     )
 
 
