@@ -15,12 +15,20 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, ParamSpec, Sequence, TypeVar
 
 import click
 
 from rasterflow import __version__
 from rasterflow.errors import ExitCode, RasterflowError, RunInterrupted, SpecError, UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rasterflow.commands import RunResult, TextSink
+    from rasterflow.planning import JobPlan
+    from rasterflow.spec import LoadedSpec
+
+_P = ParamSpec("_P")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 __all__ = ["main", "cli"]
 
@@ -78,11 +86,11 @@ def _quiet_broken_pipe() -> None:
         pass
 
 
-def _guarded(func: Callable[..., int]) -> Callable[..., None]:
+def _guarded(func: Callable[_P, int]) -> Callable[_P, NoReturn]:
     """Run a command body; map its return value and errors to the process exit code."""
 
     @functools.wraps(func)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> NoReturn:
         try:
             code = func(*args, **kwargs)
         except BrokenPipeError:
@@ -134,7 +142,7 @@ def _set_log_format(ctx: click.Context, param: click.Parameter, value: str | Non
         _State.log_format = value
 
 
-def _global_options(func: Callable) -> Callable:
+def _global_options(func: _F) -> _F:
     options = [
         click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug,
                      help="Show tracebacks for errors."),
@@ -172,7 +180,8 @@ _specs_argument = click.argument("specs", nargs=-1, required=True)
 class _Group(click.Group):
     """Usage errors exit 64 (not click's 2, which is rasterflow's "invalid spec")."""
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.UsageError as err:
@@ -207,7 +216,7 @@ def cli() -> None:
 
 
 def _load_selected(specs: tuple[str, ...], variables: dict[str, str], select: tuple[str, ...],
-                   exclude: tuple[str, ...]) -> tuple[list[Any], list[tuple[Path, SpecError]]]:
+                   exclude: tuple[str, ...]) -> tuple[list[LoadedSpec], list[tuple[Path, SpecError]]]:
     """The selected loaded specs, and the specs that failed to load (and are not clearly deselected)."""
     from rasterflow.batch import expand_spec_paths, matches
     from rasterflow.spec import load_spec
@@ -271,7 +280,7 @@ def validate(specs: tuple[str, ...], variables: tuple[str, ...], select: tuple[s
     return worst
 
 
-def _static_budget_line(loaded) -> str:
+def _static_budget_line(loaded: LoadedSpec) -> str:
     """Run the static budget check; raises BudgetExceededError when over budget."""
     from rasterflow.planning import static_check
 
@@ -290,7 +299,7 @@ def _static_budget_line(loaded) -> str:
 # plan
 
 
-def _error_object(err: BaseException, spec: str | None) -> dict:
+def _error_object(err: BaseException, spec: str | None) -> dict[str, Any]:
     code = int(getattr(err, "exit_code", ExitCode.RUN_FAILED)) if isinstance(err, RasterflowError) else 1
     return {"spec": spec, "error": {"type": type(err).__name__, "message": str(err), "exit_code": code}}
 
@@ -313,7 +322,7 @@ def plan(specs: tuple[str, ...], as_json: bool, fix: bool, variables: tuple[str,
     """
     if not as_json:
         return _plan_text(specs, fix, _parse_vars(variables), select, exclude)
-    payloads: list[dict] = []
+    payloads: list[dict[str, Any]] = []
     worst = 0
     try:
         loaded_specs, broken = _load_selected(specs, _parse_vars(variables), select, exclude)
@@ -381,7 +390,7 @@ def _plan_text(specs: tuple[str, ...], fix: bool, variables: dict[str, str], sel
     return worst
 
 
-def _print_plan(loaded: Any, plan: Any) -> None:
+def _print_plan(loaded: LoadedSpec, plan: JobPlan) -> None:
     from rasterflow.budget import ALIGNED_GDAL_CACHEMAX, strip_target
     from rasterflow.commands import assets_applied
     from rasterflow.units import format_bytes
@@ -389,7 +398,7 @@ def _print_plan(loaded: Any, plan: Any) -> None:
     echo = click.secho
     report, inputs = plan.report, plan.report.inputs
     cy, cx = inputs.chunk_yx
-    echo(f"plan for {loaded.path} ({loaded.spec.name})", bold=True)
+    echo(f"plan for {loaded.path} ({plan.name})", bold=True)
     echo(f"  items found      {len(plan.items)}")
     echo(f"  grid             {plan.grid.shape[0]} x {plan.grid.shape[1]} px, {plan.grid.crs}, "
          f"{plan.grid.resolution:g} m, bounds {tuple(round(b, 3) for b in plan.grid.bounds)}")
@@ -419,7 +428,7 @@ def _print_plan(loaded: Any, plan: Any) -> None:
             echo(f"  remote reads     {cost.remote.summary()}")
     echo(f"  workers          {plan.layout.n_workers} x {plan.layout.threads_per_worker} thread(s), "
          f"limit {format_bytes(plan.layout.memory_limit)} each ({plan.layout.source})")
-    if loaded.spec.cluster.gdal_cachemax == "auto":
+    if plan.cluster.gdal_cachemax == "auto":
         why = ("every file on the grid, its tiles on the chunks' edges: each block is decoded once"
                if plan.gdal_cachemax == ALIGNED_GDAL_CACHEMAX else
                "reads that may decode a block twice (warped, tiles cut by chunk edges, or not known yet)")
@@ -428,15 +437,13 @@ def _print_plan(loaded: Any, plan: Any) -> None:
     for stage in report.stages:
         marker = "  <- worst" if stage is report.worst_stage else ""
         echo(f"    {stage.stage:<20} {stage.planes:>8g}   {format_bytes(stage.bytes_per_task):>9}{marker}")
-    from rasterflow.statcost import statistics_cost
-
-    costs = statistics_cost(loaded.spec, plan.shape, inputs)  # what each statistic adds to the reduce stage
+    costs = plan.statistics_cost  # what each statistic adds to the reduce stage
     for line in costs.lines() if costs is not None else ():
         echo(line)
     echo(f"  per worker       {report.formula}")
     echo(f"                   = {report.fraction_of_limit:.0%} of the limit (allowed {inputs.max_fraction:.0%})")
     echo(f"  peak per worker  {format_bytes(report.peak_per_worker)}")
-    if loaded.spec.output.resolved_format == "cog":  # the client assembles the COGs (budget.client_peak_bytes)
+    if plan.output.format == "cog":  # the client assembles the COGs (budget.client_peak_bytes)
         echo(f"  client (COG)     {format_bytes(report.client_peak)}: baseline, blocks in flight and its GDAL cache")
     for warning in report.warnings:
         echo(f"  warning: {warning}", fg="yellow")
@@ -461,7 +468,7 @@ class _RunView:
         self.name = name
         self.dry_run = dry_run  # the verdict is one line per spec (_dry_run_line)
 
-    def emit(self, kind: str, fields: dict) -> None:
+    def emit(self, kind: str, fields: dict[str, Any]) -> None:
         if _json_logs():
             self._json(kind, fields)
             return
@@ -508,7 +515,7 @@ class _RunView:
         elif kind == "done":
             self._done(fields["result"], fields.get("summary") or [])
 
-    def _done(self, result: Any, summary: list[str]) -> None:
+    def _done(self, result: RunResult, summary: list[str]) -> None:
         if result.status == "up_to_date" or self.dry_run:
             return
         if result.exit_code == 0:
@@ -530,7 +537,7 @@ class _RunView:
         if result.report_path:
             click.echo(f"report: {result.report_path}", err=True)
 
-    def _json(self, kind: str, fields: dict) -> None:
+    def _json(self, kind: str, fields: dict[str, Any]) -> None:
         from rasterflow.logs import json_event
 
         if kind == "done":
@@ -549,7 +556,7 @@ class _RunView:
         json_event(kind, self.name, **{("spec_path" if k == "spec" else k): v for k, v in fields.items()})
 
 
-def _progress_stream(name: str):
+def _progress_stream(name: str) -> TextSink | None:
     if _State.verbosity < 0:
         return None
     if _json_logs():
@@ -570,7 +577,7 @@ _run_options = [
 ]
 
 
-def _with_run_options(func: Callable) -> Callable:
+def _with_run_options(func: _F) -> _F:
     for option in reversed(_run_options):
         func = option(func)
     return func
@@ -594,7 +601,7 @@ def run(specs: tuple[str, ...], report_path: Path | None, plot: bool, overwrite:
     if report_path and len(loaded_specs) + len(broken) > 1:
         raise UsageError("--report names one file; with several specs each report goes beside its output "
                          "(and every spec is listed in the results file)")
-    jobs: list[tuple[Any, dt.datetime | None]] = [(loaded, None) for loaded in loaded_specs]
+    jobs: list[tuple[LoadedSpec, dt.datetime | None]] = [(loaded, None) for loaded in loaded_specs]
     return _run_jobs(jobs, broken, report_path=report_path, plot=plot, overwrite=overwrite,
                      results_path=results_path, dry_run=dry_run, command="run")
 
@@ -643,7 +650,7 @@ def retry(results_path: Path | None, overwrite: bool, plot: bool, variables: tup
                      dry_run=False, command="retry")
 
 
-def _run_jobs(jobs: list[tuple[Any, dt.datetime | None]], broken: list[tuple[Path, SpecError]], *,
+def _run_jobs(jobs: list[tuple[LoadedSpec, dt.datetime | None]], broken: list[tuple[Path, SpecError]], *,
               report_path: Path | None, plot: bool, overwrite: bool, results_path: Path | None, dry_run: bool,
               command: str) -> int:
     from rasterflow.batch import argv, default_results_path, invocation_results, prune_state
@@ -699,7 +706,7 @@ def _run_jobs(jobs: list[tuple[Any, dt.datetime | None]], broken: list[tuple[Pat
     return worst
 
 
-def _dry_run_line(loaded: Any, result: Any) -> None:
+def _dry_run_line(loaded: LoadedSpec, result: RunResult) -> None:
     if _json_logs():
         return
     if result.status == "would_run":

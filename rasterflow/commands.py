@@ -20,16 +20,28 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from rasterflow import budget
 from rasterflow.errors import ExitCode, OutputLocationError, RasterflowError, RunFailedError, RunInterrupted
 from rasterflow.planning import JobPlan, check_items, local_layout, make_plan
 from rasterflow.signals import Interrupts
 
+if TYPE_CHECKING:  # pragma: no cover
+    from rasterflow.planning import RemoteProbe
+    from rasterflow.read.policy import ReadPolicy
+    from rasterflow.report import RunReport, StageTimer
+    from rasterflow.sizing import WorkerLayout
+    from rasterflow.sources import FileHeader
+    from rasterflow.spec import LoadedSpec, Spec
+    from rasterflow.write.describe import RunDescription
+    from rasterflow.write.encoding import Encoding
+    from rasterflow.write.result import WriteResult
+    from rasterflow.write.targets import Output
+
 __all__ = [
     "search", "resolve_layout", "plan_with_items", "plan_command", "plan_payload", "run_command", "profile_command",
-    "demo_command", "fingerprint", "RunResult", "PlanResult", "Emit", "DEFAULT_STATE_DIR",
+    "demo_command", "fingerprint", "RunResult", "PlanResult", "Emit", "TextSink", "DEFAULT_STATE_DIR",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -38,13 +50,23 @@ DEFAULT_STATE_DIR = ".rasterflow"
 """Where a run keeps what is not beside its output (relative to the working directory, like dbt's ``target/``):
 ``run_results.json`` and ``reports/`` of runs that do not own their output (refused, up to date, lost the lock)."""
 
-Emit = Callable[[str, dict], None]
+Emit = Callable[[str, dict[str, Any]], None]
 """``emit(kind, fields)``: what the run tells its caller; kinds: start, warning, plan, dashboard, resumed, took_over,
 up_to_date, memory_plot, done."""
 
 
-def _no_emit(kind: str, fields: dict) -> None:
+def _no_emit(kind: str, fields: dict[str, Any]) -> None:
     return None
+
+
+class TextSink(Protocol):
+    """Where block progress lines go: a text stream (``sys.stdout``) or :class:`rasterflow.logs.ProgressEvents`."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+    def isatty(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -82,7 +104,7 @@ class RunResult:
     exit_code: int
     outputs: tuple[str, ...] = ()
     report_path: str | None = None
-    report: dict | None = field(default=None, repr=False)
+    report: dict[str, Any] | None = field(default=None, repr=False)
     error: str | None = None
     exception: BaseException | None = field(default=None, repr=False, compare=False)
     seconds: float = 0.0
@@ -104,7 +126,7 @@ ADVICE_TIMEOUT = 3.0
 """Seconds the tile-shape probe of ``plan`` waits for a file's header (advice: no answer means no advice)."""
 
 
-def plan_with_items(loaded: Any, items: list[dict], layout: Any) -> JobPlan:
+def plan_with_items(loaded: LoadedSpec, items: list[dict[str, Any]], layout: WorkerLayout) -> JobPlan:
     """The plan for searched items, checked against the spec (asset keys, mask types: exit 2 before any pixel is
     read); also reads file headers (no pixels): the first loaded asset's tile shape, and data type and nodata of
     assets whose items declare none."""
@@ -143,7 +165,7 @@ def plan_with_items(loaded: Any, items: list[dict], layout: Any) -> JobPlan:
     return _located(loaded, plan)
 
 
-def _located(loaded: Any, plan: JobPlan) -> JobPlan:
+def _located(loaded: LoadedSpec, plan: JobPlan) -> JobPlan:
     """The plan with the paths the spec gives relative to its own folder made absolute (the catalog, for the
     output's STAC links): after this, nothing needs the loaded spec."""
     from dataclasses import replace
@@ -151,7 +173,8 @@ def _located(loaded: Any, plan: JobPlan) -> JobPlan:
     return replace(plan, output=replace(plan.output, catalog=loaded.resolve(plan.output.catalog)))
 
 
-def remote_probe(item: dict, key: str, policy: Any, reader: str) -> tuple[Any, Any] | None:
+def remote_probe(item: dict[str, Any], key: str, policy: ReadPolicy,
+                 reader: str) -> tuple[FileHeader, RemoteProbe] | None:
     """For a remote first file the concurrent reader reads (http(s), s3): its header through that reader, timed
     -> ``(FileHeader, RemoteProbe)``; None when the file is local, left to GDAL or did not answer (then GDAL's
     header read gives the advice, and nothing is said of the network)."""
@@ -178,15 +201,19 @@ def remote_probe(item: dict, key: str, policy: Any, reader: str) -> tuple[Any, A
                                decodable=parsed.index is not None)
 
 
-def search(loaded: Any, now: dt.datetime | None = None) -> list[dict]:
+def search(loaded: LoadedSpec, now: dt.datetime | None = None) -> list[dict[str, Any]]:
     """Search the spec's catalog (metadata only); a relative window ends at ``now`` (default: the current time)."""
     from rasterflow.catalog import StacQuery, resolve_datetime, search_items
 
     stac = loaded.spec.source.stac
+    bbox = None
+    if stac.bbox is not None:  # four numbers (the spec's validation)
+        west, south, east, north = stac.bbox
+        bbox = (west, south, east, north)
     query = StacQuery(
         catalog=loaded.resolve(stac.catalog),
         collections=tuple(stac.collections),
-        bbox=tuple(stac.bbox) if stac.bbox is not None else None,
+        bbox=bbox,
         intersects=stac.intersects if isinstance(stac.intersects, dict) else None,
         datetime=resolve_datetime(stac.datetime, now) if now is not None else stac.datetime,
         query=stac.query,
@@ -213,7 +240,7 @@ def search(loaded: Any, now: dt.datetime | None = None) -> list[dict]:
         raise located from err.__cause__
 
 
-def resolve_layout(spec: Any):
+def resolve_layout(spec: Spec) -> WorkerLayout:
     """The workers the job will run on: the real ones of a scheduler address, or the local sizing (worker
     processes or one process: ``cluster.processes``)."""
     from rasterflow.cluster import ClusterSettings, local_run_layout, remote_layout, resolve_address
@@ -225,7 +252,8 @@ def resolve_layout(spec: Any):
     return local_run_layout(settings)
 
 
-def _processes_if_refused(loaded: Any, items: list[dict], layout: Any, plan: JobPlan) -> tuple[Any, JobPlan]:
+def _processes_if_refused(loaded: LoadedSpec, items: list[dict[str, Any]], layout: WorkerLayout,
+                          plan: JobPlan) -> tuple[WorkerLayout, JobPlan]:
     """``cluster.processes: auto`` planned one process and the budget refused it: plan worker processes."""
     from rasterflow.cluster import ClusterSettings, process_fallback
 
@@ -233,7 +261,7 @@ def _processes_if_refused(loaded: Any, items: list[dict], layout: Any, plan: Job
     return (layout, plan) if fallback is None else (fallback, plan_with_items(loaded, items, fallback))
 
 
-def fingerprint(loaded: Any, plan: JobPlan, period_items: Any = None) -> str:
+def fingerprint(loaded: LoadedSpec, plan: JobPlan, period_items: Sequence[dict[str, Any]] | None = None) -> str:
     """Identity of a job's output: same spec (after variables), same items with the same ``updated`` times, same
     grid and chunks, same rasterflow version -> same output. Used to resume, and by ``if_exists: skip``; with
     ``items`` (those of one period), the identity of that period's files (``if_exists: update``)."""
@@ -255,13 +283,13 @@ def fingerprint(loaded: Any, plan: JobPlan, period_items: Any = None) -> str:
 class PlanResult:
     """What ``rasterflow plan`` shows: the resolved plan and its JSON form; ``exit_code`` 3 when the budget refuses."""
 
-    loaded: Any
+    loaded: LoadedSpec
     plan: JobPlan
-    payload: dict
+    payload: dict[str, Any]
     exit_code: int
 
 
-def plan_command(loaded: Any, *, now: dt.datetime | None = None) -> PlanResult:
+def plan_command(loaded: LoadedSpec, *, now: dt.datetime | None = None) -> PlanResult:
     """``rasterflow plan``: search, resolve, estimate (nothing printed; the CLI renders the result)."""
     items = search(loaded, now)
     layout = resolve_layout(loaded.spec)
@@ -271,12 +299,12 @@ def plan_command(loaded: Any, *, now: dt.datetime | None = None) -> PlanResult:
     return PlanResult(loaded=loaded, plan=plan, payload=plan_payload(loaded, plan), exit_code=int(code))
 
 
-def plan_payload(loaded: Any, plan: JobPlan) -> dict:
+def plan_payload(loaded: LoadedSpec, plan: JobPlan) -> dict[str, Any]:
     """The plan as plain JSON values (``plan --json``)."""
     layout = plan.layout
     return {
         "spec": str(loaded.path),
-        "name": loaded.spec.name,
+        "name": plan.name,
         "items": len(plan.items),
         "item_ids": [item["id"] for item in plan.items],
         "grid": {"crs": plan.grid.crs, "bounds": list(plan.grid.bounds), "shape": list(plan.grid.shape),
@@ -288,28 +316,21 @@ def plan_payload(loaded: Any, plan: JobPlan) -> dict:
         # what the tasks hold and read (the chunk index; the items' declared grids): no file was opened for these
         "items_per_task": plan.report.inputs.items_per_task,
         "cost": None if plan.cost is None else dataclasses.asdict(plan.cost),
-        "statistics": _statistics_payload(loaded, plan),
+        # per statistic of the reduction, its terms in the budget's reduce stage (rasterflow.statcost)
+        "statistics": None if plan.statistics_cost is None else plan.statistics_cost.to_dict(),
     }
 
 
-def _statistics_payload(loaded: Any, plan: JobPlan) -> dict | None:
-    """Per statistic of the reduction, its terms in the budget's reduce stage (:mod:`rasterflow.statcost`)."""
-    from rasterflow.statcost import statistics_cost
-
-    costs = statistics_cost(loaded.spec, plan.shape, plan.report.inputs)
-    return None if costs is None else costs.to_dict()
-
-
-def assets_applied(plan: JobPlan) -> dict[str, dict]:
+def assets_applied(plan: JobPlan) -> dict[str, dict[str, Any]]:
     """Per loaded asset: its key, the dtype it loads in and what metadata was applied (for how many items)."""
     if plan.sources is None:
         return {}
     return {a.name: {"key": a.key, "load_dtype": a.load_dtype, "applied": list(a.applied)} for a in plan.sources.assets}
 
 
-def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = False, overwrite: bool = False,
-                emit: Emit | None = None, progress_stream: TextIO | None = None, interrupts: Interrupts | None = None,
-                state_dir: str | os.PathLike = DEFAULT_STATE_DIR, now: dt.datetime | None = None,
+def run_command(loaded: LoadedSpec, *, report_path: Path | None = None, plot: bool = False, overwrite: bool = False,
+                emit: Emit | None = None, progress_stream: TextSink | None = None, interrupts: Interrupts | None = None,
+                state_dir: str | os.PathLike[str] = DEFAULT_STATE_DIR, now: dt.datetime | None = None,
                 dry_run: bool = False) -> RunResult:
     """``rasterflow run`` for one loaded spec; never prints, never raises for the run's own errors.
 
@@ -355,7 +376,7 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
     lost_lock = committed = False
     result = None
     counts = [0, 0]  # blocks done, total: what an interrupted run leaves
-    output: Any = None  # the Output (rasterflow.write.targets): Zarr, COG or tiles
+    output: Output | None = None  # Zarr, COG or tiles
     job_id = ""
     left = ""
     own_report: Path | None = Path(report_path) if report_path else None
@@ -417,7 +438,7 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
         else:
             files = (_file_fingerprints(loaded, plan, output_path)
                      if isinstance(output, CogOutput) and plan.period_labels else {})
-            kept: list[dict] = []
+            kept: list[dict[str, Any]] = []
             run_plan = plan
             if policy == "update" and not existing.empty and existing.ours and files:
                 run_plan, kept = _update_plan(loaded, plan, output_path, files, layout)
@@ -515,7 +536,7 @@ def run_command(loaded: Any, *, report_path: Path | None = None, plot: bool = Fa
     return outcome
 
 
-def _output_path(loaded: Any, path: str) -> str:
+def _output_path(loaded: LoadedSpec, path: str) -> str:
     """The absolute output path, *without* following symlinks (a symlinked output must be seen as one, and
     refused, not silently replaced by its target)."""
     if "://" in path or os.path.isabs(path):
@@ -523,7 +544,7 @@ def _output_path(loaded: Any, path: str) -> str:
     return os.path.abspath(os.path.join(loaded.base_dir, path))
 
 
-def _items_by_period(plan: JobPlan) -> dict[str, list[dict]]:
+def _items_by_period(plan: JobPlan) -> dict[str, list[dict[str, Any]]]:
     """The items of each output period, exactly as the plan groups them (passes included)."""
     program = plan.program
     if program is None or not plan.period_labels:
@@ -533,12 +554,12 @@ def _items_by_period(plan: JobPlan) -> dict[str, list[dict]]:
             for label, group in zip(plan.period_labels, program.groups)}
 
 
-def _file_fingerprints(loaded: Any, plan: JobPlan, output_path: str) -> dict[str, dict]:
+def _file_fingerprints(loaded: LoadedSpec, plan: JobPlan, output_path: str) -> dict[str, dict[str, str]]:
     """Per COG file of a per-period output: its period and that period's fingerprint (recorded in the report)."""
     from rasterflow.write.common import cog_entries
 
     by_period = _items_by_period(plan)
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, str]] = {}
     for _positions, labels, path in cog_entries(output_path, _leading_coords(plan)):
         period = str(labels.get("period"))
         if period in by_period:
@@ -546,7 +567,8 @@ def _file_fingerprints(loaded: Any, plan: JobPlan, output_path: str) -> dict[str
     return out
 
 
-def _update_plan(loaded: Any, plan: JobPlan, output_path: str, files: dict[str, dict], layout: Any):
+def _update_plan(loaded: LoadedSpec, plan: JobPlan, output_path: str, files: dict[str, dict[str, str]],
+                 layout: WorkerLayout) -> tuple[JobPlan, list[dict[str, Any]]]:
     """``if_exists: update``: the plan of the periods whose files are missing or stale, and the report entries of
     the files kept. Falls back to the whole plan when the existing report does not say enough."""
     from rasterflow.outputs import _report_of
@@ -582,19 +604,19 @@ def _update_plan(loaded: Any, plan: JobPlan, output_path: str, files: dict[str, 
     return partial, kept
 
 
-def timer_for(report: Any) -> Any:
+def timer_for(report: RunReport) -> StageTimer:
     """A stage timer that adds into ``report.stage_seconds``."""
     from rasterflow.report import StageTimer
 
     return StageTimer(report.stage_seconds)
 
 
-def report_fingerprint(report: Any, job_id: str) -> None:
+def report_fingerprint(report: RunReport, job_id: str) -> None:
     """Record the output's fingerprint in the report (the COG's proof of origin; Zarr also keeps it in its attrs)."""
     report.fingerprint = job_id
 
 
-def _input_hrefs(items: list[dict]) -> list[str]:
+def _input_hrefs(items: list[dict[str, Any]]) -> list[str]:
     return [str(a.get("href")) for item in items for a in (item.get("assets") or {}).values()
             if isinstance(a, dict) and a.get("href")]
 
@@ -636,18 +658,18 @@ def _output_exists(output_path: str, fmt: str, expected: list[str]) -> bool:
         return True
 
 
-def _report_fallbacks(first: Path, state_dir: str | os.PathLike, name: str, status: str) -> list[Path]:
+def _report_fallbacks(first: Path, state_dir: str | os.PathLike[str], name: str, status: str) -> list[Path]:
     """Where the report goes: ``first``, else (an unwritable output folder) ``<state_dir>/reports/``."""
     fallback = _state_report_path(state_dir, name, status)
     return [first] if Path(first).parent == fallback.parent else [first, fallback]
 
 
-def _state_report_path(state_dir: str | os.PathLike, name: str, status: str) -> Path:
+def _state_report_path(state_dir: str | os.PathLike[str], name: str, status: str) -> Path:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return Path(state_dir) / "reports" / f"{name}-{stamp}-{os.getpid()}-{status}.report.json"
 
 
-def _report_destination(own: Path | None, state_dir: str | os.PathLike, name: str, *, committed: bool,
+def _report_destination(own: Path | None, state_dir: str | os.PathLike[str], name: str, *, committed: bool,
                         lost_lock: bool, status: str, explicit: bool) -> Path:
     """Beside the output when this run owns it (or ``--report`` was given), else ``<state_dir>/reports/``."""
     from rasterflow.outputs import report_may_replace
@@ -659,7 +681,7 @@ def _report_destination(own: Path | None, state_dir: str | os.PathLike, name: st
     return _state_report_path(state_dir, name, status)
 
 
-def _leading_coords(plan: JobPlan) -> dict[str, list]:
+def _leading_coords(plan: JobPlan) -> dict[str, list[str] | list[float]]:
     """The output's leading dimensions (period, quantile) as the writers will name them (one rule: the STAC
     writer's)."""
     from rasterflow.write.stac import leading_coords
@@ -667,7 +689,7 @@ def _leading_coords(plan: JobPlan) -> dict[str, list]:
     return leading_coords(plan)
 
 
-def _record_plan(report: Any, plan: JobPlan) -> None:
+def _record_plan(report: RunReport, plan: JobPlan) -> None:
     report.grid = {"crs": plan.grid.crs, "bounds": list(plan.grid.bounds), "shape": list(plan.grid.shape),
                    "transform": list(plan.grid.transform)}
     report.chunks = dict(plan.chunks)
@@ -677,9 +699,9 @@ def _record_plan(report: Any, plan: JobPlan) -> None:
     report.memory_limit = plan.layout.memory_limit
 
 
-def _execute(plan: JobPlan, output: Any, job_id: str, report: Any, timer: Any, *, replace: bool, emit: Emit,
-             progress_stream: TextIO | None, interrupts: Interrupts, counts: list[int], log_path: str | None,
-             redo_all: bool = False):
+def _execute(plan: JobPlan, output: Output, job_id: str, report: RunReport, timer: StageTimer, *, replace: bool,
+             emit: Emit, progress_stream: TextSink | None, interrupts: Interrupts, counts: list[int],
+             log_path: str | None, redo_all: bool = False) -> WriteResult:
     """The run's phases once decided: cluster, reads watched, the lazy result written by its output, then STAC."""
     from rasterflow import graph
     from rasterflow.cluster import ClusterSettings, CountingProgress, MemorySampler, open_cluster
@@ -737,7 +759,7 @@ def _execute(plan: JobPlan, output: Any, job_id: str, report: Any, timer: Any, *
     return result
 
 
-def output_options(plan: JobPlan, output_path: str) -> tuple[Any, Any, dict]:
+def output_options(plan: JobPlan, output_path: str) -> tuple[RunDescription, Encoding, dict[str, Any]]:
     """Issue 12: the run's description, the resolved encoding and the writer options of the plan's output."""
     from rasterflow.spec.timeparse import parse_datetime_window
     from rasterflow.write.common import Encoding
@@ -774,18 +796,17 @@ class _NullStream:
         return False
 
 
-def profile_command(loaded: Any, *, flamegraph: str | None = None, use_memray: bool = True,
+def profile_command(loaded: LoadedSpec, *, flamegraph: str | None = None, use_memray: bool = True,
                     emit: Emit | None = None) -> list[str]:
     """``rasterflow profile``: one representative task in this process, measured vs the model's prediction; returns
     the lines to show."""
     from rasterflow.profile import profile_one_task
 
     emit = emit or _no_emit
-    spec = loaded.spec
-    plan = plan_with_items(loaded, search(loaded), local_layout(spec))
+    plan = plan_with_items(loaded, search(loaded), local_layout(loaded.spec))
     if not plan.report.ok:
         emit("warning", {"message": "the budget check refuses this spec; profiling one task anyway"})
-    result = profile_one_task(plan, use_memray=use_memray, flamegraph=flamegraph, spec=spec)
+    result = profile_one_task(plan, use_memray=use_memray, flamegraph=flamegraph)
     return list(result.lines())
 
 

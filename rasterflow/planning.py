@@ -12,7 +12,7 @@ import datetime as dt
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Container, Mapping, Sequence
 
 from rasterflow import budget
 from rasterflow.errors import SpecError, SpecIssue
@@ -23,6 +23,10 @@ from rasterflow.read.remote import is_remote
 from rasterflow.sources import FileHeader, MissingAsset, SourceTable, gc_paused, missing_assets, resolve_sources
 from rasterflow.sizing import WorkerLayout, local_machine, size_local_run
 from rasterflow.units import format_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rasterflow.spec import LoadedSpec, Spec
+    from rasterflow.statcost import StatisticsCost
 
 __all__ = [
     "ChunkIndex", "ClusterPlan", "EncodingPlan", "GridPlan", "OutputPlan", "cluster_plan", "output_plan", "JobCost", "JobPlan", "build_chunk_index", "tiles_on_chunk_edges", "job_cost", "resolve_grid", "local_layout", "budget_inputs", "make_plan", "static_check",
@@ -134,7 +138,7 @@ class ClusterPlan:
     memory: MemoryPlan = field(default_factory=MemoryPlan)
 
 
-def plan_periods(spec: Any, times: Sequence[str]) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...],
+def plan_periods(spec: Spec, times: Sequence[str]) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...],
                                                             tuple[tuple[str, str], ...]]:
     """Every period of the search window (``reduce.period``; an open end taken from the first / last date):
     labels, the output dates in each (empty for a period without one) and each period's ``[start, end)``."""
@@ -146,7 +150,7 @@ def plan_periods(spec: Any, times: Sequence[str]) -> tuple[tuple[str, ...], tupl
     last = end if end is not None else (max(times) if times else None)
     periods = window_periods(first, last, spec.reduce_period)
 
-    def naive(value: Any) -> str:
+    def naive(value: dt.datetime) -> str:
         return value.astimezone(dt.timezone.utc).replace(tzinfo=None).isoformat()
 
     return (tuple(p.label for p in periods), group_by_period(times, periods),
@@ -157,7 +161,7 @@ def plan_periods(spec: Any, times: Sequence[str]) -> tuple[tuple[str, ...], tupl
 INTERPOLATING = ("bilinear", "cubic", "cubic_spline", "lanczos", "average", "q1", "q3", "med")
 
 
-def _declares_classes(items: Sequence[dict], key: str) -> bool:
+def _declares_classes(items: Sequence[dict[str, Any]], key: str) -> bool:
     """The asset declares classification:classes (on the asset or its raster:bands / bands), in the first item that
     has it."""
     for item in items:
@@ -169,7 +173,8 @@ def _declares_classes(items: Sequence[dict], key: str) -> bool:
     return False
 
 
-def with_resampling(sources: SourceTable, spec: Any, items: Sequence[dict], mask_names: Any) -> SourceTable:
+def with_resampling(sources: SourceTable, spec: Spec, items: Sequence[dict[str, Any]],
+                    mask_names: Container[str]) -> SourceTable:
     """Each asset's resampling onto the grid: ``source.overrides.<asset>.resampling``; else ``nearest`` for a
     categorical asset (the mask reads it, or it declares ``classification:classes``), whatever
     ``grid.resampling`` says; else ``grid.resampling``. An interpolating method forced on a categorical asset is
@@ -226,7 +231,7 @@ def plan_aoi(geometry: Mapping[str, Any], grid: GridPlan,
     return json.dumps(projected), outside
 
 
-def composite_of(spec: Any) -> Composite | None:
+def composite_of(spec: Spec) -> Composite | None:
     """A geomedian's or best-pixel composite's plan (None for any other reduction)."""
     reduce = spec.reduce if not isinstance(spec.reduce, list) else None
     if reduce is None or reduce.method not in ("geomedian", "best"):
@@ -234,22 +239,28 @@ def composite_of(spec: Any) -> Composite | None:
     if reduce.method == "geomedian":
         from rasterflow.geomedian import geomedian_variables
 
+        if reduce.bands is None:
+            raise ValueError("a geomedian names its bands (the spec's validation checks it)")
         bands = tuple(reduce.bands)
         return Composite("geomedian", bands, geomedian_variables(bands, reduce.mads), mads=reduce.mads,
                          maxiters=reduce.maxiters, eps=float(reduce.eps))
+    if reduce.by is None:
+        raise ValueError("a best-pixel composite names its band `by` (the spec's validation checks it)")
     outputs = tuple(spec.bands)
     return Composite("best", outputs, outputs, by=reduce.by, order=reduce.order)
 
 
-def reduce_method(spec: Any) -> str | None:
+def reduce_method(spec: Spec) -> str | None:
     """The method of a single ``reduce``; for a list, its statistics' names joined by ``+``
     (``median+q10+q90+count``: what the output's metadata says was computed); None without a reduction."""
-    if spec.statistics:
+    if spec.reduce is None:
+        return None
+    if isinstance(spec.reduce, list):
         return "+".join(name for name, _, _ in spec.statistics)
-    return spec.reduce.method if spec.reduce is not None else None
+    return spec.reduce.method
 
 
-def output_plan(spec: Any) -> OutputPlan:
+def output_plan(spec: Spec) -> OutputPlan:
     """The :class:`OutputPlan` of a validated spec."""
     out = spec.output
     enc = out.encoding
@@ -265,7 +276,7 @@ def output_plan(spec: Any) -> OutputPlan:
         aoi=json.dumps(spec.source.stac.intersects) if isinstance(spec.source.stac.intersects, dict) else "")
 
 
-def cluster_plan(spec: Any) -> ClusterPlan:
+def cluster_plan(spec: Spec) -> ClusterPlan:
     """The :class:`ClusterPlan` of a validated spec."""
     c = spec.cluster
     m = c.memory
@@ -472,7 +483,7 @@ class ChunkIndex:
     file_boxes: Any
     """``(k, 4)`` distinct file footprints without their margin, and ``file_box_counts`` files each."""
     file_box_counts: Any
-    _depths: dict = field(default_factory=dict, repr=False)
+    _depths: dict[tuple[int, int], budget.ChunkDepth] = field(default_factory=dict, repr=False)
 
     @property
     def n_chunks(self) -> tuple[int, int]:
@@ -670,7 +681,7 @@ class JobPlan:
     layout: WorkerLayout
     shape: budget.PipelineShape
     report: budget.BudgetReport
-    items: tuple[dict, ...] = ()
+    items: tuple[dict[str, Any], ...] = ()
     """Item dicts from the search (empty for a static plan)."""
     sources: SourceTable | None = None
     """Per item and asset: href, declared grid, dtype, nodata, scale/offset (None for a static plan)."""
@@ -705,6 +716,10 @@ class JobPlan:
     """Where and how the result is written."""
     cluster: ClusterPlan = field(default_factory=ClusterPlan)
     """What the run computes on (the worker layout itself is :attr:`layout`)."""
+    statistics_cost: StatisticsCost | None = None
+    """Per statistic of a list ``reduce`` (or of a geomedian or best-pixel composite), its terms in the budget's
+    reduce stage for the largest task (:func:`rasterflow.statcost.statistics_cost`): the per-statistic lines of
+    ``plan`` and ``profile``; None for a single statistic or without a reduction."""
 
     @property
     def code_path(self) -> str:
@@ -734,7 +749,7 @@ class JobPlan:
         return {"time": inputs.time_per_chunk, "y": cy, "x": cx}
 
 
-def resolve_grid(spec: Any) -> GridPlan:
+def resolve_grid(spec: Spec) -> GridPlan:
     """The output grid: ``grid.bounds`` as given, or ``source.stac.bbox`` projected and snapped to the resolution."""
     resolution = float(spec.grid.resolution)
     if spec.grid.bounds is not None:
@@ -756,7 +771,7 @@ def resolve_grid(spec: Any) -> GridPlan:
     return GridPlan(crs=spec.grid.crs, resolution=resolution, bounds=(minx, miny, maxx, maxy), shape=(height, width))
 
 
-def output_dates(items: Sequence[dict], group_by: str) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
+def output_dates(items: Sequence[dict[str, Any]], group_by: str) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
     """The output dates (``YYYY-MM-DDTHH:MM:SS[.ffffff]``, UTC) and, for ``solar_day``, the items of each pass."""
     if group_by == "solar_day":
         first, steps = solar_day_steps(items)
@@ -770,7 +785,7 @@ def _naive_utc(text: str) -> str:
     return parse_instant(text).replace(tzinfo=None).isoformat()
 
 
-def local_layout(spec: Any, *, processes: bool | str | None = None) -> WorkerLayout:
+def local_layout(spec: Spec, *, processes: bool | str | None = None) -> WorkerLayout:
     """The layout a local run of the spec's ``cluster`` section starts with: worker processes or one process, as
     ``cluster.processes`` says (:func:`rasterflow.sizing.size_local_run`, what ``run`` uses), so ``validate`` and
     ``profile`` check the budget of the processes the job will really run in. ``processes`` overrides the spec's
@@ -785,7 +800,7 @@ def local_layout(spec: Any, *, processes: bool | str | None = None) -> WorkerLay
     )
 
 
-def budget_inputs(spec: Any, grid: GridPlan, layout: WorkerLayout, n_items: int | None,
+def budget_inputs(spec: Spec, grid: GridPlan, layout: WorkerLayout, n_items: int | None,
                   source_tile: tuple[int, int] | None = None, load_dtype: str | None = None,
                   source_codec: str | None = None) -> budget.BudgetInputs:
     """Collect the model's numbers; ``n_items`` None means the static check (max_items or an assumption)."""
@@ -822,7 +837,7 @@ def budget_inputs(spec: Any, grid: GridPlan, layout: WorkerLayout, n_items: int 
     )
 
 
-def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerLayout | None = None,
+def make_plan(spec: Spec, *, items: Sequence[dict[str, Any]] | None = None, layout: WorkerLayout | None = None,
               source_tile: tuple[int, int] | None = None,
               headers: Mapping[str, FileHeader] | None = None, source_codec: str | None = None,
               remote: RemoteProbe | None = None) -> JobPlan:
@@ -830,6 +845,8 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
     query and (optionally) read file headers: one file's tile shape, and ``headers`` for assets whose items declare
     no data type (see :func:`rasterflow.sources.resolve_sources`)."""
     import numpy as np
+
+    from rasterflow.statcost import statistics_cost
 
     grid = resolve_grid(spec)
     layout = layout or local_layout(spec)
@@ -887,7 +904,7 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
         program = Program(
             assets=shape.assets_loaded, mask=shape.mask, masked_assets=shape.masked_assets, bands=shape.bands,
             dtype=spec.grid.dtype, reduce_method=reduce_method(spec),
-            quantiles=spec.reduce.quantiles if spec.reduce is not None and not spec.statistics else (),
+            quantiles=() if spec.reduce is None or isinstance(spec.reduce, list) else spec.reduce.quantiles,
             groups=groups, steps=steps, statistics=spec.statistics, composite=composite_of(spec),
             mask_cleanup=spec.cleanup_steps, halo=spec.cleanup_halo, aoi=aoi_text,
         )
@@ -904,10 +921,11 @@ def make_plan(spec: Any, *, items: Sequence[dict] | None = None, layout: WorkerL
             spec.source, [read.href for reads in sources.reads for read in reads if read is not None],
             remote.round_trip if remote is not None else None),
         output=output_plan(spec), cluster=cluster_plan(spec),
+        statistics_cost=statistics_cost(spec, shape, report.inputs),
     )
 
 
-def remote_fetch(spec: Any, sources: SourceTable, codec: str | None, tile: tuple[int, int] | None,
+def remote_fetch(spec: Spec, sources: SourceTable, codec: str | None, tile: tuple[int, int] | None,
                  probe: RemoteProbe | None) -> bool:
     """Whether every read of the job goes through the concurrent remote reader: all files remote over a scheme it
     speaks, on the output grid, ``source.io.reader: auto``, and the probed file one it decodes (its codec and
@@ -952,8 +970,8 @@ def tiles_on_chunk_edges(sources: SourceTable, grid: GridPlan, source_tile: tupl
     return True
 
 
-def _budget_details(spec: Any, times: Sequence[str], sources: SourceTable, layout: WorkerLayout,
-                    index: ChunkIndex) -> dict:
+def _budget_details(spec: Spec, times: Sequence[str], sources: SourceTable, layout: WorkerLayout,
+                    index: ChunkIndex) -> dict[str, Any]:
     """What the items tell the budget: each asset's load dtype and coverage planes, the output dates (passes,
     ``times`` from :func:`output_dates`), the largest period, the machine the client (and a LocalCluster) runs
     on, and from the chunk index what one task holds: its items, dates and files (``index.depth``)."""
@@ -977,7 +995,7 @@ def _budget_details(spec: Any, times: Sequence[str], sources: SourceTable, layou
     }
 
 
-def check_items(loaded: Any, plan: JobPlan) -> None:
+def check_items(loaded: LoadedSpec, plan: JobPlan) -> None:
     """Check the searched items against the spec, before any pixel is read.
 
     Raises
@@ -1007,13 +1025,13 @@ def check_items(loaded: Any, plan: JobPlan) -> None:
         raise SpecError(issues)
 
 
-def _issue(loaded: Any, loc: tuple, field: str, message: str) -> SpecIssue:
+def _issue(loaded: LoadedSpec, loc: tuple[str | int, ...], field: str, message: str) -> SpecIssue:
     position = loaded.positions.position_of(loc)
     return SpecIssue(str(loaded.path), position.line if position else None, position.column if position else None,
                      field, message)
 
 
-def static_check(loaded: Any) -> budget.BudgetReport:
+def static_check(loaded: LoadedSpec) -> budget.BudgetReport:
     """The check ``validate`` runs: no network, time axis from ``max_items``.
 
     Raises

@@ -15,9 +15,12 @@ import time
 import tracemalloc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rasterflow.units import format_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rasterflow.planning import JobPlan
 
 __all__ = ["TaskProfile", "profile_one_task"]
 
@@ -39,7 +42,8 @@ class TaskProfile:
     variables: tuple[str, ...] = ()
     """The output variables the task makes (every statistic of a list ``reduce``, a composite's variables)."""
     statistics: list[str] = field(default_factory=list)
-    """``plan``'s per-statistic lines (:mod:`rasterflow.statcost`); empty for a single statistic."""
+    """``plan``'s per-statistic lines (:attr:`rasterflow.planning.JobPlan.statistics_cost`); empty for a single
+    statistic."""
 
     def lines(self) -> list[str]:
         """The report printed by the CLI."""
@@ -73,11 +77,12 @@ def _middle_block(array: Any) -> tuple[int, ...]:
     return tuple(n // 2 for n in array.numblocks)
 
 
-def profile_one_task(plan: Any, *, use_memray: bool = True, flamegraph: str | None = None,
-                     top: int = 8, spec: Any = None) -> TaskProfile:
+def profile_one_task(plan: JobPlan, *, use_memray: bool = True, flamegraph: str | None = None,
+                     top: int = 8) -> TaskProfile:
     """Compute the middle chunk of the first output variable in this process and measure its peak memory (the
-    fused task makes every statistic or composite variable of its chunk at once). With the ``spec`` the plan was
-    made from, the report also has ``plan``'s per-statistic lines."""
+    fused task makes every statistic or composite variable of its chunk at once). The report also has ``plan``'s
+    per-statistic lines (:attr:`~rasterflow.planning.JobPlan.statistics_cost`): the plan holds all it needs, the
+    spec is not read."""
     import dask
 
     from rasterflow import graph
@@ -118,9 +123,7 @@ def profile_one_task(plan: Any, *, use_memray: bool = True, flamegraph: str | No
     if use_memray:
         memray_peak, flame, sites = _memray_peak(compute, flamegraph, top)
     chunk_shape = dict(plan.chunks)
-    from rasterflow.statcost import statistics_cost
-
-    costs = statistics_cost(spec, plan.shape, plan.report.inputs) if spec is not None else None
+    costs = plan.statistics_cost
     return TaskProfile(
         variables=tuple(str(name) for name in dataset.data_vars),
         statistics=costs.lines() if costs is not None else [],

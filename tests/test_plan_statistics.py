@@ -145,7 +145,7 @@ def test_profile_runs_one_task_of_each(write_spec, reduce, names):
 
     loaded = load_spec(write_spec(reduce=reduce))
     plan = plan_with_items(loaded, search(loaded), local_layout(loaded.spec))
-    profile = profile_one_task(plan, use_memray=False, spec=loaded.spec)
+    profile = profile_one_task(plan, use_memray=False)
     assert profile.tracemalloc_peak > 0 and profile.seconds > 0
     assert profile.predicted_task_bytes == plan.report.peak_task_bytes > 0
     assert list(profile.variables) == names

@@ -20,7 +20,7 @@ def demo_spec_text() -> str:
     return files("rasterflow").joinpath("data", "demo.yaml").read_text(encoding="utf-8")
 
 
-def write_demo_spec(folder: str | os.PathLike) -> Path:
+def write_demo_spec(folder: str | os.PathLike[str]) -> Path:
     """Copy the bundled demo spec to ``<folder>/demo.yaml`` (kept when it exists, so it can be edited and rerun).
 
     The spec reads ``data/sample/items.json`` and writes ``out/`` relative to itself, so a demo run touches nothing

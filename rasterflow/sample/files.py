@@ -13,13 +13,23 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
-from rasterflow.sample.grid import ASSETS, CRS, RESOLUTION, X0, Y0, _item_plan
+from rasterflow.sample.grid import (
+    ASSETS,
+    CRS,
+    RESOLUTION,
+    X0,
+    Y0,
+    SampleParams,
+    _item_plan,
+)
 
 if TYPE_CHECKING:
+    from affine import Affine
     from filelock import FileLock
 
 MANIFEST = "sample.json"
@@ -47,7 +57,7 @@ class SampleCatalog:
     bbox_wgs84: tuple[float, float, float, float]
     """Union lon/lat bbox (west, south, east, north); contains every item's bbox."""
 
-    def items(self) -> list[dict]:
+    def items(self) -> list[dict[str, Any]]:
         """The items as plain STAC dicts (read from ``items.ndjson``; ``proj:epsg`` kept as written)."""
         with open(self.items_ndjson, encoding="utf-8") as f:
             return [json.loads(line) for line in f if line.strip()]
@@ -70,7 +80,7 @@ def _locked(directory: Path) -> FileLock:
     return FileLock(str(directory / LOCKFILE))
 
 
-def _read_manifest(directory: Path) -> dict | None:
+def _read_manifest(directory: Path) -> dict[str, Any] | None:
     try:
         manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -78,19 +88,19 @@ def _read_manifest(directory: Path) -> dict | None:
     return manifest if isinstance(manifest, dict) else None
 
 
-def _manifest_files(directory: Path, manifest: dict) -> list[Path]:
+def _manifest_files(directory: Path, manifest: dict[str, Any]) -> list[Path]:
     files = [directory / name for name in ("items.json", "items.ndjson", "collection.json")]
     for item_id in manifest.get("item_ids", []):
         files.extend(directory / item_id / f"{asset}.tif" for asset in ASSETS)
     return files
 
 
-def _four(values: list) -> tuple[float, float, float, float]:
+def _four(values: list[Any]) -> tuple[float, float, float, float]:
     a, b, c, d = (float(v) for v in values)
     return a, b, c, d
 
 
-def _catalog_from_manifest(directory: Path, manifest: dict) -> SampleCatalog:
+def _catalog_from_manifest(directory: Path, manifest: dict[str, Any]) -> SampleCatalog:
     return SampleCatalog(
         directory=directory,
         items_json=directory / "items.json",
@@ -103,7 +113,7 @@ def _catalog_from_manifest(directory: Path, manifest: dict) -> SampleCatalog:
     )
 
 
-def _load_if_complete(directory: Path, params: dict) -> SampleCatalog | None:
+def _load_if_complete(directory: Path, params: SampleParams) -> SampleCatalog | None:
     manifest = _read_manifest(directory)
     if manifest is None or manifest.get("params") != params or manifest.get("directory") != str(directory):
         return None
@@ -115,7 +125,7 @@ def _load_if_complete(directory: Path, params: dict) -> SampleCatalog | None:
         return None
 
 
-def _remove_previous(directory: Path, params: dict) -> None:
+def _remove_previous(directory: Path, params: SampleParams) -> None:
     """Remove the manifest first (an interrupted run is then incomplete), then the previous sample's files."""
     manifest = _read_manifest(directory)
     with contextlib.suppress(FileNotFoundError):
@@ -156,7 +166,7 @@ def _cog_compression() -> str:
         return "DEFLATE"
 
 
-def _write_cog(path: Path, data: np.ndarray, transform, blocksize: int, compress: str, resampling: str,
+def _write_cog(path: Path, data: npt.NDArray[np.uint8 | np.uint16], transform: Affine, blocksize: int, compress: str, resampling: str,
                description: str) -> None:
     import rasterio
 
@@ -194,5 +204,5 @@ def _write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _write_json(path: Path, obj, indent: int | None = None) -> None:
+def _write_json(path: Path, obj: object, indent: int | None = None) -> None:
     _write_text(path, json.dumps(obj, indent=indent) + "\n")

@@ -9,6 +9,7 @@ import json
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from rasterflow.sample.files import (
     MANIFEST,
@@ -31,6 +32,7 @@ from rasterflow.sample.grid import (
     RESOLUTION,
     X0,
     Y0,
+    SampleParams,
     _check_params,
     _has_swath_edge,
     _item_plan,
@@ -49,7 +51,7 @@ __all__ = ["generate_sample"]
 
 
 def generate_sample(
-    directory: str | os.PathLike,
+    directory: str | os.PathLike[str],
     *,
     size: int = 1024,
     n_dates: int = 8,
@@ -98,7 +100,7 @@ def generate_sample(
         return _generate(directory, params)
 
 
-def _generate(directory: Path, params: dict) -> SampleCatalog:
+def _generate(directory: Path, params: SampleParams) -> SampleCatalog:
     from pyproj import Transformer
     from rasterio.transform import Affine
 
@@ -110,11 +112,11 @@ def _generate(directory: Path, params: dict) -> SampleCatalog:
     plan = _item_plan(params)
     collection_href = str(directory / "collection.json")
 
-    items: dict[str, dict] = {}
+    items: dict[str, dict[str, Any]] = {}
     tile_bboxes = []
     # GDAL compresses and writes with the GIL released: the COG writes of one date overlap the rendering of the
     # next. At most two dates' arrays are queued, so memory stays bounded.
-    pending: list[Future] = []
+    pending: list[Future[None]] = []
     with ThreadPoolExecutor(max_workers=_writer_threads(), thread_name_prefix="sample-cog") as pool:
         for r in range(rows):
             for c in range(cols):

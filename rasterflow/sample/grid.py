@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+from typing import NotRequired, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
 COLLECTION_ID = "sentinel-2-l2a-sample"
 EPSG = 32633
@@ -50,13 +52,32 @@ ASSETS: dict[str, tuple[str, float | None, float | None, str]] = {
 REFLECTANCE_ASSETS = ("red", "green", "nir", "swir16")
 
 
+class SampleParams(TypedDict):
+    """A sample's checked parameters, as its manifest records them (JSON values: ``tiles`` is a list)."""
+
+    generator_version: int
+    size: int
+    n_dates: int
+    tiles: list[int]
+    start: str
+    """ISO ``YYYY-MM-DD``."""
+    every_days: int
+    seed: int
+    blocksize: int
+    compress: NotRequired[str]
+    """The COGs' codec, upper case; only when chosen (samples made before the option still match)."""
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Parameters
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _check_params(size, n_dates, tiles, start, every_days, seed, blocksize) -> dict:
-    def _int(name, value, minimum):
+def _check_params(size: int, n_dates: int, tiles: tuple[int, int], start: str | _dt.date, every_days: int,
+                  seed: int, blocksize: int) -> SampleParams:
+    """The parameters checked (a Python caller may pass anything: each is checked at run time too)."""
+
+    def _int(name: str, value: object, minimum: int) -> int:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
         return int(value)
@@ -98,7 +119,7 @@ def _check_params(size, n_dates, tiles, start, every_days, seed, blocksize) -> d
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _dates(params: dict) -> list[_dt.date]:
+def _dates(params: SampleParams) -> list[_dt.date]:
     start = _dt.date.fromisoformat(params["start"])
     return [start + _dt.timedelta(days=i * params["every_days"]) for i in range(params["n_dates"])]
 
@@ -111,7 +132,7 @@ def _has_swath_edge(date_index: int) -> bool:
     return date_index % 3 == 1
 
 
-def _tile_bounds(params: dict, row: int, col: int) -> tuple[float, float, float, float]:
+def _tile_bounds(params: SampleParams, row: int, col: int) -> tuple[float, float, float, float]:
     extent = params["size"] * RESOLUTION
     minx = X0 + col * extent
     maxy = Y0 - row * extent
@@ -128,7 +149,7 @@ def _mgrs_tile(easting: float, northing: float, lat: float, zone: int = UTM_ZONE
     return f"{zone}{band}{col_letter}{row_letter}"
 
 
-def _item_plan(params: dict) -> list[tuple[str, int, _dt.date, int, int, str]]:
+def _item_plan(params: SampleParams) -> list[tuple[str, int, _dt.date, int, int, str]]:
     """(item_id, date_index, date, row, col, mgrs) for every item, sorted by date then tile."""
     rows, cols = params["tiles"]
     plan = []
@@ -144,7 +165,7 @@ def _item_plan(params: dict) -> list[tuple[str, int, _dt.date, int, int, str]]:
     return plan
 
 
-def _cut_col(params: dict, global_rows: np.ndarray) -> np.ndarray:
+def _cut_col(params: SampleParams, global_rows: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """Column (global, in pixels, fractional) of the swath edge at the given global row positions.
 
     Pixels whose centre lies west of it are nodata on swath-edge dates. The cut runs from 35 % of a tile width at

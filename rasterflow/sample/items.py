@@ -4,7 +4,12 @@ carries, the item and collection dicts. NumPy only; the caller passes the pyproj
 
 from __future__ import annotations
 
+import datetime as _dt
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
+import numpy.typing as npt
 
 from rasterflow.sample.grid import (
     ACQUISITION_TIME,
@@ -18,10 +23,14 @@ from rasterflow.sample.grid import (
     SCALE,
     X0,
     Y0,
+    SampleParams,
     _cut_col,
     _platform,
     _tile_bounds,
 )
+
+if TYPE_CHECKING:
+    from pyproj import Transformer
 
 STAC_VERSION = "1.0.0"
 # v1.2.0 is the one projection version that defines both proj:epsg (read by stackstac 0.5.1) and proj:code
@@ -38,13 +47,13 @@ COG_MEDIA_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _footprint(params: dict, row: int, col: int, cut: bool) -> list[tuple[float, float]]:
+def _footprint(params: SampleParams, row: int, col: int, cut: bool) -> list[tuple[float, float]]:
     """Valid-data polygon of a tile in EPSG:32633, counter-clockwise, closed."""
     minx, miny, maxx, maxy = _tile_bounds(params, row, col)
     ring = [(minx, miny), (maxx, miny), (maxx, maxy), (minx, maxy)]
     if cut:
 
-        def keep(pt):  # signed distance (in pixels) east of the cut line
+        def keep(pt: tuple[float, float]) -> float:  # signed distance (in pixels) east of the cut line
             grow = (Y0 - pt[1]) / RESOLUTION
             gcol = (pt[0] - X0) / RESOLUTION
             return gcol - float(_cut_col(params, grow))
@@ -62,7 +71,8 @@ def _footprint(params: dict, row: int, col: int, cut: bool) -> list[tuple[float,
     return [*ring, ring[0]]
 
 
-def _to_wgs84(transformer, ring: list[tuple[float, float]], densify: int = 8):
+def _to_wgs84(transformer: Transformer, ring: list[tuple[float, float]],
+              densify: int = 8) -> tuple[list[list[float]], tuple[float, float, float, float]]:
     """Transform a closed ring; returns (vertices in lon/lat, bbox of the densified edges)."""
     xs, ys = [], []
     for (x1, y1), (x2, y2) in zip(ring[:-1], ring[1:]):
@@ -87,12 +97,12 @@ def _to_wgs84(transformer, ring: list[tuple[float, float]], densify: int = 8):
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _statistics(scl: np.ndarray) -> dict:
+def _statistics(scl: npt.NDArray[np.uint8]) -> dict[str, float]:
     counts = np.bincount(scl.ravel(), minlength=256)
     total = int(scl.size)
     valid = total - int(counts[0])
 
-    def pct(*classes):
+    def pct(*classes: int) -> float:
         return round(100.0 * sum(int(counts[c]) for c in classes) / valid, 2) if valid else 0.0
 
     return {
@@ -108,8 +118,9 @@ def _statistics(scl: np.ndarray) -> dict:
     }
 
 
-def _item_dict(*, item_id, date, date_index, mgrs, geometry, bbox, bounds, transform, size, item_dir, stats,
-               collection_href) -> dict:
+def _item_dict(*, item_id: str, date: _dt.date, date_index: int, mgrs: str, geometry: list[list[float]],
+               bbox: tuple[float, ...], bounds: tuple[float, float, float, float], transform: list[float], size: int,
+               item_dir: Path, stats: dict[str, float], collection_href: str) -> dict[str, Any]:
     proj = {
         "proj:epsg": EPSG,
         "proj:code": CRS,
@@ -160,7 +171,7 @@ def _item_dict(*, item_id, date, date_index, mgrs, geometry, bbox, bounds, trans
     }
 
 
-def _collection_dict(items: list[dict], bbox: tuple[float, ...], href: str) -> dict:
+def _collection_dict(items: list[dict[str, Any]], bbox: tuple[float, ...], href: str) -> dict[str, Any]:
     datetimes = sorted(i["properties"]["datetime"] for i in items)
     return {
         "type": "Collection",

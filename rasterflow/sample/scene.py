@@ -10,7 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from rasterflow.sample.grid import OFFSET, SCALE, _cut_col, _has_swath_edge
+from rasterflow.sample.grid import (
+    OFFSET,
+    SCALE,
+    SampleParams,
+    _cut_col,
+    _has_swath_edge,
+)
 
 # --------------------------------------------------------------------------------------------------------------
 # Smooth random fields (sums of sinusoids, evaluated separably)
@@ -65,7 +71,8 @@ def _field(w: _Waves, u: np.ndarray, v: np.ndarray) -> np.ndarray:
     b = 2 * math.pi * np.outer(w.fv, v)  # (n, nv)
     right = np.concatenate([np.sin(a) * w.amp[:, None], np.cos(a) * w.amp[:, None]]).astype(np.float32)
     left = np.concatenate([np.cos(b), np.sin(b)]).T.astype(np.float32, order="C")
-    return np.einsum("vk,ku->vu", left, right, optimize=False)
+    field: np.ndarray = np.einsum("vk,ku->vu", left, right, optimize=False)  # NumPy types einsum's result Any
+    return field
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -142,7 +149,7 @@ class _Tile:
     nodata_cut: np.ndarray  # bool: west of the swath edge (applies on swath-edge dates only)
 
 
-def _make_tile(params: dict, row: int, col: int) -> _Tile:
+def _make_tile(params: SampleParams, row: int, col: int) -> _Tile:
     size, seed = params["size"], params["seed"]
     rows, cols = params["tiles"]
     gcols = col * size + np.arange(size, dtype=np.float64) + 0.5
@@ -258,7 +265,7 @@ def _surface(tile: _Tile, tau: float) -> np.ndarray:
     return out
 
 
-def _cloud_schedule(params: dict) -> list[dict]:
+def _cloud_schedule(params: SampleParams) -> list[dict[str, Any]]:
     """Per date: target fraction of opaque cloud and of cirrus, and the field parameters."""
     n = params["n_dates"]
     rng = _rng(params["seed"], "schedule")
@@ -299,7 +306,7 @@ def _threshold(values: np.ndarray, fraction: float) -> float:
     return float(np.quantile(values.astype(np.float64), 1.0 - min(fraction, 1.0)))
 
 
-def _render(params: dict, tile: _Tile, date_index: int, schedule: dict) -> tuple[np.ndarray, np.ndarray]:
+def _render(params: SampleParams, tile: _Tile, date_index: int, schedule: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """Reflectance DN (4, H, W) uint16 and SCL (H, W) uint8 of one tile on one date."""
     n = params["n_dates"]
     tau = date_index / (n - 1) if n > 1 else 0.0

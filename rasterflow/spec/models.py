@@ -12,7 +12,7 @@ import math
 import re
 from pathlib import PurePosixPath
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -47,10 +47,12 @@ __all__ = [
     "MemoryThresholds",
     "Budget",
     "REDUCE_METHODS",
+    "ReduceMethod",
     "CUBE_DIMS",
 ]
 
-REDUCE_METHODS = ("mean", "median", "min", "max", "std", "sum", "count", "quantile", "geomedian", "best")
+ReduceMethod = Literal["mean", "median", "min", "max", "std", "sum", "count", "quantile", "geomedian", "best"]
+REDUCE_METHODS: tuple[str, ...] = get_args(ReduceMethod)
 COMPOSITE_METHODS = ("geomedian", "best")
 """Methods over several bands at once: alone in ``reduce`` (not in a list), time whole."""
 CUBE_DIMS = ("time", "band", "y", "x")
@@ -422,7 +424,7 @@ class Reduce(_Model):
     """An optional reduction; without it the time series itself is written."""
 
     over: StrictStr = Field(default="time", description="The dimension reduced; rasterflow reduces over time.")
-    method: Literal[REDUCE_METHODS] = Field(  # type: ignore[valid-type]
+    method: ReduceMethod = Field(
         description="mean | median | min | max | std | sum | count | quantile | geomedian (the geometric median "
         "of several bands, with MADs) | best (every band from the date that maximises or minimises `by`)."
     )
