@@ -21,9 +21,14 @@ No second model: the numbers are the terms the budget's reduce stage already add
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rasterflow.units import dtype_itemsize, format_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rasterflow.budget.model import BudgetInputs, PipelineShape, TaskShape
+    from rasterflow.budget.paths import ItemTerms
+    from rasterflow.spec.models import Spec
 
 __all__ = ["StatisticCost", "StatisticsCost", "statistics_cost"]
 
@@ -83,7 +88,7 @@ class StatisticsCost:
         return out
 
 
-def _largest_task(shape: Any, inputs: Any) -> tuple[Any, Any]:
+def _largest_task(shape: PipelineShape, inputs: BudgetInputs) -> tuple[TaskShape, ItemTerms]:
     """The budget's largest task and the terms of its (sub-)block, as :func:`fused_stages` sees them."""
     from rasterflow.budget.paths import code_path, item_stages, sub_block, task_shapes
 
@@ -93,7 +98,7 @@ def _largest_task(shape: Any, inputs: Any) -> tuple[Any, Any]:
     return task, item_stages(shape, inputs, task, block, fused=path == "fused")
 
 
-def statistics_cost(spec: Any, shape: Any, inputs: Any) -> StatisticsCost | None:
+def statistics_cost(spec: Spec, shape: PipelineShape, inputs: BudgetInputs) -> StatisticsCost | None:
     """Per statistic of a list ``reduce``, or of a geomedian or best-pixel composite, its terms in the budget's
     reduce stage for the largest task; None for anything else (a single statistic: the stage table says it all)."""
     from rasterflow.budget.constants import REDUCTION_EXTRA_PLANES
@@ -117,13 +122,14 @@ def statistics_cost(spec: Any, shape: Any, inputs: Any) -> StatisticsCost | None
         from rasterflow.geomedian import (DEFAULT_WORK_PIXELS, geomedian_output_bytes, geomedian_variables,
                                           geomedian_work_bytes, slab_rows)
 
-        variables = geomedian_variables(list(reduce.bands), reduce.mads)
+        gm_bands = list(reduce.bands or ())  # validation requires at least two
+        variables = geomedian_variables(gm_bands, reduce.mads)
         slab = slab_rows(part.rows, part.cols, DEFAULT_WORK_PIXELS) * part.cols
         stats.append(StatisticCost(
             name="geomedian", method="geomedian", variables=variables, work_bytes=stage_work,
             result_bytes=groups * len(variables) * w * task.pixels,
-            output_bytes=groups * geomedian_output_bytes(len(reduce.bands), task.pixels, reduce.mads),
-            kernel_work_bytes=geomedian_work_bytes(part.dates, len(reduce.bands), min(slab, part.pixels))))
+            output_bytes=groups * geomedian_output_bytes(len(gm_bands), task.pixels, reduce.mads),
+            kernel_work_bytes=geomedian_work_bytes(part.dates, len(gm_bands), min(slab, part.pixels))))
     elif reduce is not None and reduce.method == "best":
         from rasterflow.bestpixel import best_work_bytes
 
