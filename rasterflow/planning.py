@@ -690,13 +690,13 @@ class JobPlan:
     times: tuple[str, ...] = ()
     """The output dates (ISO 8601, UTC, no zone): one per item, or one per pass with ``group_by: solar_day``."""
     period_labels: tuple[str, ...] = ()
+    """The output periods ("2024-06", "2024-JJA", "2024"), empty without ``reduce.period``."""
     outside_chunks: frozenset[tuple[int, int]] = frozenset()
     """``(chunk row, chunk column)`` of the chunks entirely outside ``source.stac.intersects``: their tasks read
     nothing (their blocks are nodata)."""
     period_bounds: tuple[tuple[str, str], ...] = ()
     """Per period, ``(start, end)`` as ISO 8601 UTC without a zone, the end exclusive: every period of the window,
     those without an item too (:func:`rasterflow.periods.window_periods`)."""
-    """The output periods ("2024-06", "2024-JJA", "2024"), empty without ``reduce.period``."""
     quantile_dim: bool = False
     """True when the output has a quantile dimension (``reduce.q`` is a list)."""
     name: str = ""
