@@ -121,6 +121,29 @@ def test_equals_geomad_on_the_whole_tile_bit_for_bit_in_any_slabs():
         np.testing.assert_array_equal(out, expected, err_msg=f"work_pixels={work_pixels}")
 
 
+@pytest.mark.parametrize("t, b, seed", [(24, 4, 11), (7, 6, 12), (36, 2, 13)])
+def test_mads_are_geomads_bit_for_bit(t, b, seed):
+    """The MADs computed here (geomad's per-date distances as its loops compute them, the median by
+    rasterflow.fastreduce) against geomad's emad_pcm / smad_pcm / bcmad_pcm of the same slab and geomedian: one band
+    masked alone at some dates, zero spectra, a zero geomedian, pixels with one or no observation."""
+    stack = reflectances(t, b, 40, 37, seed=seed)
+    rng = np.random.default_rng(seed)
+    stack[rng.random(stack.shape) < 0.05] = np.nan      # single bands masked: those dates are not used
+    stack[:, :, 3, 4] = 0.0                              # every observation zero: geomedian zero (smad, bcmad NaN)
+    stack[: t // 2, :, 5, 6] = 0.0                       # half the observations zero
+    stack[1:, :, 7, 8] = np.nan                          # one observation
+    stack[:, :, 9, 10] = np.nan                          # none
+    out = geomedian_block(stack)
+    yxbt = np.ascontiguousarray(stack.transpose(2, 3, 1, 0))  # the kernel's slab (NaN only: no infinities here)
+    gm = np.ascontiguousarray(out[:b].transpose(1, 2, 0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # nanmedian of all-NaN distances
+        reference = np.stack([geomad.emad_pcm(yxbt, gm, num_threads=1), geomad.smad_pcm(yxbt, gm, num_threads=1),
+                              geomad.bcmad_pcm(yxbt, gm, num_threads=1)])
+    np.testing.assert_array_equal(out[b:b + 3], reference)
+    assert np.isnan(out[b + 1:b + 3, 3, 4]).all() and np.isnan(out[b:b + 3, 9, 10]).all()
+
+
 def test_layouts_and_dtypes_give_the_same_result():
     stack = reflectances(10, 3, 12, 11, seed=4)
     out = geomedian_block(stack, work_pixels=22)
