@@ -17,10 +17,10 @@ Transports, each a well-kept library made for this:
   set up from GDAL's ``/vsiaz/`` variables (:func:`azure_config`);
 * ``gs://bucket/key``: obstore's ``GCSStore``, set up from GDAL's ``/vsigs/`` variables (:func:`gcs_config`), is
   wired here but not yet switched on (:data:`GCS_ON_OBSTORE` is False), so ``gs://`` still goes to GDAL
-  (``/vsigs/``). The one GCS emulator on PyPI (``gcp-storage-emulator``) answers a ranged GET with the right bytes
-  and ``Content-Range`` but without ``Last-Modified`` and ``ETag``, which object_store's GCS client requires of every
-  answer, so the reader cannot be checked bit for bit against GDAL there (tests/test_remote_fetch.py keeps that test
-  as a strict xfail).
+  (``/vsigs/``). The tests' GCS emulator (the pure-Python ``gcp-storage-emulator``, 2026.7) answers a ranged GET
+  with the right bytes and ``Content-Range`` but without ``Last-Modified`` and ``ETag``, which object_store's GCS
+  client requires of every answer, so the reader cannot be checked bit for bit against GDAL there
+  (tests/test_remote_fetch.py keeps that test as a strict xfail).
 
 Every answer is checked: the status (404/403 final, the run's transient statuses retried), ``Content-Range`` against
 the range asked for, and the body's length (a truncated body is a transient failure). Transient failures are tried
