@@ -1,5 +1,5 @@
 """The concurrent remote reader (issue 27): COGs written by rasterio, served over loopback HTTP (tests/http_faults.py),
-an S3 API (moto), Azurite and a GCS emulator (gcp-storage-emulator), read by :mod:`rasterflow.read.prefetch` and
+an S3 API (moto), Azurite and a GCS emulator (fake-gcs-server), read by :mod:`rasterflow.read.prefetch` and
 compared bit for bit with GDAL's read of the same local file; requests in flight bounded; each tile fetched once per
 task; every fault ends as source.retry and on_read_error say; the run report's I/O counts.
 """
@@ -253,11 +253,6 @@ def test_azure_config_follows_gdal_variables():
         "account_name": "b", "account_key": "k"}
 
 
-GCS_GAP = ("gcp-storage-emulator answers a ranged GET with the right bytes and Content-Range but without "
-           "Last-Modified and ETag, which object_store's GCS client requires of every answer: gs:// stays with GDAL "
-           "(fetch.GCS_ON_OBSTORE is False) until this passes")
-
-
 def _gcs_environment(monkeypatch, endpoint: str) -> None:
     """GDAL's /vsigs/ variables for the emulator: its endpoint, no signature (it checks none)."""
     for key in [k for k in os.environ if k.startswith(("GS_", "GOOGLE_", "CPL_GS_"))]:
@@ -267,15 +262,14 @@ def _gcs_environment(monkeypatch, endpoint: str) -> None:
 
 
 def test_gcs_missing_object_through_the_emulator_is_a_404_naming_the_href(monkeypatch):
-    """``gs://`` through obstore's GCSStore, set up from GDAL's /vsigs/ variables, reaches the emulator: a missing
-    object is an HTTP 404 naming the href, never retried (a 404 needs none of the headers the emulator leaves out)."""
-    from gcs_server import gcs_emulator
+    """``gs://`` through obstore's GCSStore, set up from GDAL's /vsigs/ variables, reaches fake-gcs-server: a
+    missing object is an HTTP 404 naming the href, never retried."""
+    from gcs_server import fake_gcs_server
     from rasterflow.read import fetch
 
-    with gcs_emulator("cogs") as endpoint:
+    with fake_gcs_server("cogs", {}) as endpoint:
         _gcs_environment(monkeypatch, endpoint)
         assert fetch.gcs_config() == {"base_url": endpoint, "skip_signature": True}
-        monkeypatch.setattr(fetch, "GCS_ON_OBSTORE", True)
         href = "gs://cogs/deep/missing.tif"
         assert fetch.supported(href)
         with pytest.raises(ReadFailedError, match="HTTP 404") as caught:
@@ -285,34 +279,25 @@ def test_gcs_missing_object_through_the_emulator_is_a_404_naming_the_href(monkey
         assert collect("gs-404")["retries"] == {}
 
 
-@pytest.mark.xfail(strict=True, raises=ReadFailedError, reason=GCS_GAP)
-def test_gcs_reads_through_the_emulator_equal_gdal(files, monkeypatch):
-    """``gs://`` through obstore's GCSStore against gcp-storage-emulator, set up from GDAL's /vsigs/ variables,
-    equals GDAL's read of the local files; a missing object is a 404 naming the href, never retried. Fails today
-    only for the emulator's missing headers (any other failure fails the test)."""
-    from gcs_server import gcs_emulator, upload
+def test_gcs_reads_through_fake_gcs_server_equal_gdal(files, monkeypatch):
+    """``gs://`` through obstore's GCSStore against fake-gcs-server, set up from GDAL's /vsigs/ variables, equals
+    GDAL's read of the local files; a missing object is a 404 naming the href, never retried."""
+    from gcs_server import fake_gcs_server
     from rasterflow.read import fetch
 
-    with gcs_emulator("cogs") as endpoint:
+    names = ["u16_zstd_pred2", "u8_lzw", "f32_zstd_pred3", "u16_sparse_nodata", "cog"]
+    objects = {f"deep/path/{n}.tif": (files / f"{n}.tif").read_bytes() for n in names}
+    with fake_gcs_server("cogs", objects) as endpoint:
         _gcs_environment(monkeypatch, endpoint)
-        monkeypatch.setattr(fetch, "GCS_ON_OBSTORE", True)
-        names = ["u16_zstd_pred2", "u8_lzw", "f32_zstd_pred3", "u16_sparse_nodata", "cog"]
-        for name in names:
-            upload(endpoint, "cogs", f"deep/{name}.tif", (files / f"{name}.tif").read_bytes())
-        hrefs = [f"gs://cogs/deep/{n}.tif" for n in names]
+        hrefs = [f"gs://cogs/deep/path/{n}.tif" for n in names]
         assert all(fetch.supported(h) for h in hrefs)
-        try:
-            _equal_gdal_and_missing_is_404(files, names, hrefs, "gs")
-        except ReadFailedError as err:
-            collect("gs"), collect("gs-missing")
-            if "Last-Modified Header missing" not in str(err):
-                pytest.fail(f"not the emulator's known gap: {err}")
-            raise
+        _equal_gdal_and_missing_is_404(files, names, hrefs, "gs")
+        assert collect("gs-missing")["retries"] == {}
         io = collect("gs")["io"]
         assert io["header_reads"] == len(names) and io["requests"] > len(names)
 
 
-def test_gcs_config_follows_gdal_variables(tmp_path):
+def test_gcs_config_follows_gdal_variables(tmp_path, monkeypatch):
     from rasterflow.read.fetch import gcs_config, supported
 
     home = str(tmp_path)  # no ~/.boto there
@@ -337,7 +322,13 @@ def test_gcs_config_follows_gdal_variables(tmp_path):
                        "GS_OAUTH2_CLIENT_EMAIL": "a@b"}) == {"application_credentials": "/keys/sa.json"}
     (tmp_path / ".boto").write_text("[Credentials]\ngs_access_key_id = i\n")
     assert gcs_config({"HOME": home}) is None
-    # not switched on yet: gs:// goes to GDAL whatever the environment
+    (tmp_path / ".boto").unlink()
+    # gs:// is read by the concurrent reader when obstore can follow the environment, else by GDAL
+    for key in [k for k in os.environ if k.startswith(("GS_", "GOOGLE_", "CPL_GS_"))]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("HOME", home)
+    assert supported("gs://bucket/key.tif")
+    monkeypatch.setenv("GS_OAUTH2_REFRESH_TOKEN", "t")
     assert not supported("gs://bucket/key.tif")
 
 

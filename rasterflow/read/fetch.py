@@ -15,12 +15,9 @@ Transports, each a well-kept library made for this:
   from the same environment variables GDAL and boto read (:func:`s3_config`);
 * ``az://container/key`` and ``abfs://container[@account.dfs.core.windows.net]/key``: obstore's ``AzureStore``,
   set up from GDAL's ``/vsiaz/`` variables (:func:`azure_config`);
-* ``gs://bucket/key``: obstore's ``GCSStore``, set up from GDAL's ``/vsigs/`` variables (:func:`gcs_config`), is
-  wired here but not yet switched on (:data:`GCS_ON_OBSTORE` is False), so ``gs://`` still goes to GDAL
-  (``/vsigs/``). The tests' GCS emulator (the pure-Python ``gcp-storage-emulator``, 2026.7) answers a ranged GET
-  with the right bytes and ``Content-Range`` but without ``Last-Modified`` and ``ETag``, which object_store's GCS
-  client requires of every answer, so the reader cannot be checked bit for bit against GDAL there
-  (tests/test_remote_fetch.py keeps that test as a strict xfail).
+* ``gs://bucket/key``: obstore's ``GCSStore``, set up from GDAL's ``/vsigs/`` variables (:func:`gcs_config`);
+  an environment that authenticates in a way only GDAL follows (HMAC keys, a refresh token, requester pays, a
+  private key, a boto file) leaves ``gs://`` with GDAL (:func:`supported`). Tested against fake-gcs-server.
 
 Every answer is checked: the status (404/403 final, the run's transient statuses retried), ``Content-Range`` against
 the range asked for, and the body's length (a truncated body is a transient failure). Transient failures are tried
@@ -51,18 +48,12 @@ if TYPE_CHECKING:  # pragma: no cover
     import aiohttp
     from obstore.store import AzureConfig, AzureStore, ClientConfig, GCSConfig, GCSStore, S3Config, S3Store
 
-__all__ = ["RangeClient", "Answer", "client", "close_all", "supported", "s3_config", "azure_config", "gcs_config",
-           "GCS_ON_OBSTORE"]
+__all__ = ["RangeClient", "Answer", "client", "close_all", "supported", "s3_config", "azure_config", "gcs_config"]
 
 StoreT = TypeVar("StoreT")
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
 _STATUS_IN_TEXT = re.compile(r"(?:status(?: code)?|HTTP)[:\s]+(\d{3})\b", re.IGNORECASE)
-
-
-GCS_ON_OBSTORE = False
-"""Whether ``gs://`` hrefs go to :class:`RangeClient` (obstore's ``GCSStore``) rather than GDAL's ``/vsigs/``. False
-until the reader is checked bit for bit against GDAL on a GCS emulator (see the module docstring)."""
 
 
 def supported(href: str) -> bool:
@@ -76,13 +67,12 @@ def supported(href: str) -> bool:
     Returns
     -------
     bool
-        True for ``http``, ``https``, ``s3``, ``az`` and ``abfs``; for ``gs`` when :data:`GCS_ON_OBSTORE` is on and
-        :func:`gcs_config` can configure the store from the environment (else GDAL reads it, as it knows more ways to
-        authenticate).
+        True for ``http``, ``https``, ``s3``, ``az`` and ``abfs``; for ``gs`` when :func:`gcs_config` can configure
+        the store from the environment (else GDAL reads it, as it knows more ways to authenticate).
     """
     scheme = href.partition("://")[0].lower() if "://" in href else ""
     if scheme == "gs":
-        return GCS_ON_OBSTORE and gcs_config() is not None
+        return gcs_config() is not None
     return scheme in ("http", "https", "s3", "az", "abfs")
 
 
