@@ -497,3 +497,40 @@ def test_a_finished_block_whose_worker_dies_is_computed_again_not_an_error():
         own.cancel([cancelled])
         with pytest.raises(RuntimeError, match="cancelled from outside"):
             settled(cancelled, "block")
+
+
+@pytest.mark.parametrize("min_units, most_units", [(None, 1), (3, 3)])
+def test_units_larger_than_the_cap_still_keep_min_units_in_flight(min_units, most_units):
+    """A unit of 8 keys (a geomedian's 8 variables of one chunk) fills a cap of 8 alone: without ``min_units`` one
+    unit runs at a time however many threads there are; with it, that many units are in flight (the Zarr writer
+    passes UNITS_PER_THREAD x the cluster's threads)."""
+    import dask
+
+    band = da.arange(16 * 8, chunks=1)
+    blocks = band.map_blocks(lambda b: b * 2, dtype=band.dtype)
+    graph = BlockTasks([blocks])
+    state = {"units": 0, "most": 0}
+    finished: dict = {}
+
+    def build(keys):
+        state["units"] += len(keys) // 8
+        state["most"] = max(state["most"], state["units"])
+        return graph(keys)
+
+    def on_result(key, value):
+        finished[key[1]] = int(value[0])
+        if sum(1 for k in finished if k // 8 == key[1] // 8) == 8:
+            state["units"] -= 1
+
+    units = ([(blocks.name, 8 * u + k) for k in range(8)] for u in range(16))
+    with dask.config.set(scheduler="threads", num_workers=3):
+        written = run_units(units, build, total=128, max_in_flight=8, on_result=on_result, min_units=min_units)
+    assert written == 128 and finished == {i: 2 * i for i in range(128)}
+    assert state["most"] == most_units
+
+
+def test_the_budget_mirrors_the_writers_caps():
+    from rasterflow.budget import constants
+    from rasterflow.write import submit
+
+    assert constants.IN_FLIGHT_PER_THREAD == submit.IN_FLIGHT_PER_THREAD

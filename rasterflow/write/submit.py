@@ -35,11 +35,16 @@ if TYPE_CHECKING:  # pragma: no cover
     import dask.array as da
     from distributed import Client, Future
 
-__all__ = ["BlockTasks", "Batch", "evaluate", "run_units", "in_flight_cap", "default_client", "cluster_threads", "settled", "IN_FLIGHT_PER_THREAD"]
+__all__ = ["BlockTasks", "Batch", "evaluate", "run_units", "in_flight_cap", "default_client", "cluster_threads", "settled", "IN_FLIGHT_PER_THREAD", "UNITS_PER_THREAD"]
 
 #: Default cap on blocks in flight, per worker thread of the cluster: enough that no thread waits for the next
 #: submission (a batch is submitted when half the cap has finished), small enough that the scheduler holds O(threads).
 IN_FLIGHT_PER_THREAD = 4
+
+#: Units (a chunk's keys, which share its task) always allowed in flight per worker thread, whatever the cap on
+#: blocks says: a unit of more blocks than the cap (a geomedian's 8 variables on 2 threads: cap 8) would otherwise
+#: run one chunk at a time on the whole cluster. Two per thread: one running, one queued behind it.
+UNITS_PER_THREAD = 2
 
 #: A block's key: ``(name, *block index)``.
 Key = tuple[Any, ...]
@@ -301,6 +306,7 @@ def run_units(
     on_result: Callable[[Key, Any], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
     weight: Callable[[Key], int] | None = None,
+    min_units: int | None = None,
 ) -> int:
     """Compute every key of ``units``, a bounded batch at a time; returns the number of blocks computed.
 
@@ -325,6 +331,10 @@ def run_units(
     weight : callable, optional
         ``weight(key)``: the blocks one key counts for in the cap, ``progress`` and the result (default 1; e.g. the
         chunks of a Zarr shard written by one task, whose results are all held until it runs).
+    min_units : int, optional
+        Units allowed in flight whatever their blocks (default 1: a unit larger than the cap goes alone). The Zarr
+        writer passes :data:`UNITS_PER_THREAD` × the cluster's worker threads, so that every thread has a unit to
+        run even when one unit's blocks fill the cap.
 
     Raises
     ------
@@ -332,12 +342,13 @@ def run_units(
         The first failure of a task (or of ``on_result``), after every key still in flight was cancelled.
     """
     cap = max(1, int(max_in_flight or in_flight_cap(client)))
+    floor = max(1, int(min_units or 1))
     count = _Counter(total, progress, weight)
     size = (lambda key: 1) if weight is None else weight
     if client is not None:
-        _run_distributed(_Feed(iter(units), size), build, client, cap, on_result, count)
+        _run_distributed(_Feed(iter(units), size, floor), build, client, cap, on_result, count)
     else:
-        _run_local(_Feed(iter(units), size), build, cap, on_result, count)
+        _run_local(_Feed(iter(units), size, floor), build, cap, on_result, count)
     return count.done
 
 
@@ -353,11 +364,13 @@ class _Counter:
 
 
 class _Feed:
-    """The units not yet submitted, taken while they fit in the cap (counted in blocks: ``size(key)`` per key)."""
+    """The units not yet submitted, taken while they fit in the cap (counted in blocks: ``size(key)`` per key) or
+    while fewer than ``min_units`` units are in flight."""
 
-    def __init__(self, units: Iterator[Sequence[Key]], size: Callable[[Key], int]):
+    def __init__(self, units: Iterator[Sequence[Key]], size: Callable[[Key], int], min_units: int = 1):
         self.units = units
         self.size = size
+        self.min_units = min_units
         self.head: list[Key] | None = self._next()
 
     def _next(self) -> list[Key] | None:
@@ -375,14 +388,20 @@ class _Feed:
     def blocks(self, keys: Iterable[Key]) -> int:
         return sum(self.size(key) for key in keys)
 
-    def take(self, in_flight: int, cap: int) -> list[list[Key]]:
-        """Units while ``in_flight`` blocks plus theirs fit in ``cap`` (at least one when nothing is in flight)."""
+    def take(self, in_flight: int, cap: int, units: int = 0) -> list[list[Key]]:
+        """Units while ``in_flight`` blocks plus theirs fit in ``cap``, or while fewer than :attr:`min_units` are in
+        flight (``units``: those in flight now)."""
         taken: list[list[Key]] = []
-        while self.head is not None and (in_flight == 0 or in_flight + self.blocks(self.head) <= cap):
+        while self.head is not None and (units < self.min_units or in_flight + self.blocks(self.head) <= cap):
             taken.append(self.head)
             in_flight += self.blocks(self.head)
+            units += 1
             self.head = self._next()
         return taken
+
+    def wants(self, in_flight: int, cap: int, units: int) -> bool:
+        """Submit more: half the cap is free, or fewer than :attr:`min_units` units are in flight."""
+        return self.head is not None and (in_flight <= cap // 2 or units < self.min_units)
 
 
 def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], client: Client, cap: int,
@@ -390,13 +409,21 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
     from distributed import as_completed
 
     in_flight: dict[Future[Any], Key] = {}  # future -> key
+    unit_of: dict[Key, int] = {}  # key in flight -> its unit's number
+    left: dict[int, int] = {}  # unit in flight -> its keys not finished
     # bound to this client's loop: without it as_completed looks for a *default* client
     completed = as_completed(loop=client.loop, raise_errors=False)
+    numbers = iter(range(1 << 62))
 
     def submit() -> None:
-        batch = [key for unit in feed.take(feed.blocks(in_flight.values()), cap) for key in unit]
+        units = feed.take(feed.blocks(in_flight.values()), cap, len(left))
+        batch = [key for unit in units for key in unit]
         if not batch:
             return
+        for unit in units:
+            number = next(numbers)
+            left[number] = len(unit)
+            unit_of.update((key, number) for key in unit)
         futures = build(batch).submit(client)
         for key, future in zip(batch, futures):
             in_flight[future] = key
@@ -415,7 +442,11 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
                     on_result(key, value)
                 future.release()  # the scheduler forgets the block's tasks
                 count(key)
-            if feed.blocks(in_flight.values()) <= cap // 2:
+                number = unit_of.pop(key)
+                left[number] -= 1
+                if not left[number]:
+                    del left[number]
+            if feed.wants(feed.blocks(in_flight.values()), cap, len(left)):
                 submit()
     finally:
         if in_flight:
@@ -453,7 +484,7 @@ def _run_local(feed: _Feed, build: Callable[[Sequence[Key]], Batch], cap: int,
     executor = concurrent.futures.ThreadPoolExecutor(local_threads(), thread_name_prefix="rasterflow-write")
 
     def submit() -> None:
-        for unit in feed.take(sum(feed.blocks(u) for u in in_flight.values()), cap):
+        for unit in feed.take(sum(feed.blocks(u) for u in in_flight.values()), cap, len(in_flight)):
             in_flight[executor.submit(build(unit).compute)] = unit
 
     try:
@@ -467,7 +498,7 @@ def _run_local(feed: _Feed, build: Callable[[Sequence[Key]], Batch], cap: int,
                     if on_result is not None:
                         on_result(key, value)
                     count(key)
-            if sum(feed.blocks(u) for u in in_flight.values()) <= cap // 2:
+            if feed.wants(sum(feed.blocks(u) for u in in_flight.values()), cap, len(in_flight)):
                 submit()
     finally:
         executor.shutdown(wait=True, cancel_futures=True)

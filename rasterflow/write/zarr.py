@@ -550,8 +550,12 @@ def write_zarr(
             if side > 1:
                 leads = math.prod(prepared[names[0]].data.numblocks[:-2])
                 cap = max(cap, SHARDS_IN_FLIGHT * len(names) * leads * side * side)
+            # every thread has a chunk to run even when one chunk's variables fill the cap (a geomedian's 8 on 2
+            # threads ran one chunk at a time); but a shard's chunks are held until it is written: there the cap
+            # alone bounds them
+            floor = 1 if side > 1 else submit.UNITS_PER_THREAD * submit.cluster_threads(client)
             written = submit.run_units(units, build, total=todo, client=client, progress=progress, weight=weight,
-                                       max_in_flight=cap, on_result=keep_statistics)
+                                       max_in_flight=cap, on_result=keep_statistics, min_units=floor)
         except Exception as exc:
             raise RunFailedError(
                 f"writing {path} failed: {type(exc).__name__}: {exc}. Finished blocks are kept in {store}; "
