@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from stac_servers import free_port
+from stac_servers import free_port, stop_process
 
 __all__ = ["azurite", "create_container", "ACCOUNT", "KEY"]
 
@@ -58,11 +58,7 @@ def azurite() -> Iterator[str]:
                     time.sleep(0.2)
             yield f"http://127.0.0.1:{port}/{ACCOUNT}"
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_process(proc)
 
 
 def create_container(endpoint: str, name: str) -> None:

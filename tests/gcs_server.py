@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from stac_servers import free_port
+from stac_servers import free_port, stop_process
 
 __all__ = ["fake_gcs_server"]
 
@@ -84,9 +84,4 @@ def fake_gcs_server(bucket: str, objects: Mapping[str, bytes]) -> Iterator[str]:
                 time.sleep(0.1)
             yield base_url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            stop_process(proc)

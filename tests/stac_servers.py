@@ -126,7 +126,8 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float, what
     raise RuntimeError(f"{what} not ready at {url} after {timeout:.0f} s ({last}):\n{_tail(log)}")
 
 
-def _stop(proc: subprocess.Popen | None, timeout: float = 10) -> None:
+def stop_process(proc: subprocess.Popen | None, timeout: float = 10) -> None:
+    """Terminate a server process and wait for it (killed after ``timeout`` s); nothing for None or an ended one."""
     if proc is None or proc.poll() is not None:
         return
     proc.terminate()
@@ -178,7 +179,7 @@ def rustac_server(
         _wait_http(url, proc, log, timeout, "rustac serve")
         yield url
     finally:
-        _stop(proc)
+        stop_process(proc)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -272,7 +273,7 @@ def pgstac_server(
         _wait_http(url, api, api_log, timeout, "stac-fastapi-pgstac")
         yield url
     finally:
-        _stop(api)
+        stop_process(api)
         if pg_started:
             subprocess.run(
                 _as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]),
