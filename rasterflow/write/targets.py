@@ -103,7 +103,8 @@ class ZarrOutput(_Single):
         from rasterflow.write import write_zarr
 
         return write_zarr(dataset, self.path, overwrite=replace, compression=self.plan.output.compression,
-                          fingerprint=job_id, client=client, progress=progress, **context.options)
+                          fingerprint=job_id, client=client, progress=progress,
+                          fused=self.plan.code_path == "fused", **context.options)
 
     def what_is_left(self, job_id: str, counts: Sequence[int]) -> str:
         done, total = counts
