@@ -503,7 +503,7 @@ def test_a_finished_block_whose_worker_dies_is_computed_again_not_an_error():
 def test_units_larger_than_the_cap_still_keep_min_units_in_flight(min_units, most_units):
     """A unit of 8 keys (a geomedian's 8 variables of one chunk) fills a cap of 8 alone: without ``min_units`` one
     unit runs at a time however many threads there are; with it, that many units are in flight (the Zarr writer
-    passes UNITS_PER_THREAD x the cluster's threads)."""
+    passes the cluster's threads + QUEUED_UNITS on the fused path)."""
     import dask
 
     band = da.arange(16 * 8, chunks=1)
@@ -534,3 +534,4 @@ def test_the_budget_mirrors_the_writers_caps():
     from rasterflow.write import submit
 
     assert constants.IN_FLIGHT_PER_THREAD == submit.IN_FLIGHT_PER_THREAD
+    assert constants.QUEUED_UNITS == submit.QUEUED_UNITS

@@ -192,6 +192,11 @@ IN_FLIGHT_PER_THREAD = 4
 """``write.submit.IN_FLIGHT_PER_THREAD``: the Zarr writer's cap on blocks in flight per thread of the cluster."""
 
 
+QUEUED_UNITS = 1
+"""``write.submit.QUEUED_UNITS``: chunks the Zarr writer keeps in flight beyond one per thread of the cluster on the
+fused path, whatever the cap on blocks says (not with shards)."""
+
+
 COG_BATCH_BYTES = 128 * 2**20
 """``write.cog.BATCH_BYTES``: a COG writer's unit is at most this much of one chunk's files (entries)."""
 

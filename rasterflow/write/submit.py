@@ -35,16 +35,17 @@ if TYPE_CHECKING:  # pragma: no cover
     import dask.array as da
     from distributed import Client, Future
 
-__all__ = ["BlockTasks", "Batch", "evaluate", "run_units", "in_flight_cap", "default_client", "cluster_threads", "settled", "IN_FLIGHT_PER_THREAD", "UNITS_PER_THREAD"]
+__all__ = ["BlockTasks", "Batch", "evaluate", "run_units", "in_flight_cap", "default_client", "cluster_threads", "settled", "IN_FLIGHT_PER_THREAD", "QUEUED_UNITS"]
 
 #: Default cap on blocks in flight, per worker thread of the cluster: enough that no thread waits for the next
 #: submission (a batch is submitted when half the cap has finished), small enough that the scheduler holds O(threads).
 IN_FLIGHT_PER_THREAD = 4
 
-#: Units (a chunk's keys, which share its task) always allowed in flight per worker thread, whatever the cap on
+#: Units (a chunk's keys, which share its task) allowed in flight beyond one per worker thread, whatever the cap on
 #: blocks says: a unit of more blocks than the cap (a geomedian's 8 variables on 2 threads: cap 8) would otherwise
-#: run one chunk at a time on the whole cluster. Two per thread: one running, one queued behind it.
-UNITS_PER_THREAD = 2
+#: run one chunk at a time on the whole cluster. One: every thread runs a chunk and one waits to start, so a
+#: thread that finishes has the next at once; more queued chunks let more finished results wait for their writes.
+QUEUED_UNITS = 1
 
 #: A block's key: ``(name, *block index)``.
 Key = tuple[Any, ...]
@@ -333,8 +334,8 @@ def run_units(
         chunks of a Zarr shard written by one task, whose results are all held until it runs).
     min_units : int, optional
         Units allowed in flight whatever their blocks (default 1: a unit larger than the cap goes alone). The Zarr
-        writer passes :data:`UNITS_PER_THREAD` × the cluster's worker threads, so that every thread has a unit to
-        run even when one unit's blocks fill the cap.
+        writer passes the cluster's worker threads + :data:`QUEUED_UNITS` on the fused path, so that every thread
+        has a unit to run even when one unit's blocks fill the cap.
 
     Raises
     ------

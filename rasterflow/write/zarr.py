@@ -482,9 +482,9 @@ def write_zarr(
         64 MiB), so a large grid is a manageable number of objects. Each shard is assembled from its Dask blocks and
         written whole by one task.
     fused : bool
-        The blocks come from the fused path (one task makes every variable of a chunk): keep
-        :data:`~rasterflow.write.submit.UNITS_PER_THREAD` chunks per cluster thread in flight even when one chunk's
-        variables fill the cap on blocks (not with shards).
+        The blocks come from the fused path (one task makes every variable of a chunk): keep a chunk per cluster
+        thread and :data:`~rasterflow.write.submit.QUEUED_UNITS` more in flight even when one chunk's variables
+        fill the cap on blocks (not with shards).
 
     Raises
     ------
@@ -560,7 +560,7 @@ def write_zarr(
             # with shards (a shard's chunks are held until it is written: the cap alone bounds them) nor on the tree
             # and series paths, whose next chunk's band tasks would run beside the held blocks of the first
             # (budget_accuracy.py rows 17, 20, 29: measured up to 1.45x the projection)
-            floor = submit.UNITS_PER_THREAD * submit.cluster_threads(client) if fused and side <= 1 else 1
+            floor = submit.cluster_threads(client) + submit.QUEUED_UNITS if fused and side <= 1 else 1
             written = submit.run_units(units, build, total=todo, client=client, progress=progress, weight=weight,
                                        max_in_flight=cap, on_result=keep_statistics, min_units=floor)
         except Exception as exc:
