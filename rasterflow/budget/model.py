@@ -96,16 +96,6 @@ def _budget_method(spec: Any) -> str | None:
     return str(max(ordered or methods, key=lambda m: REDUCTION_EXTRA_PLANES[m]))
 
 
-def _composite_outputs(spec: Any) -> int:
-    """A geomedian's or best-pixel composite's output variables (result slots), 0 for anything else."""
-    reduce = spec.reduce if not isinstance(spec.reduce, list) else None
-    if reduce is None or reduce.method not in ("geomedian", "best"):
-        return 0
-    if reduce.method == "geomedian":
-        return len(reduce.bands) + (3 if reduce.mads else 0) + 1
-    return len(spec.bands)
-
-
 def _composite_shape(spec: Any) -> dict[str, Any]:
     """The composite fields of :class:`PipelineShape` (empty for anything but a geomedian or best-pixel composite):
     its inputs and outputs as :func:`rasterflow.kernels.Program` names them."""
@@ -133,13 +123,14 @@ def pipeline_shape(spec: Any) -> PipelineShape:
         known.append(name)
     read_by_bands = set().union(*(expr.names for _, expr in bands)) & set(assets)
     read = read_by_bands | (mask.names if mask else set())
+    composite = _composite_shape(spec)
     return PipelineShape(
         assets_loaded=tuple(a for a in assets if a in read),
         mask=mask,
         masked_assets=tuple(a for a in assets if a in read_by_bands) if mask else (),
         bands=tuple(bands),
         reduce_method=_budget_method(spec),
-        n_quantiles=len(spec.statistics) or _composite_outputs(spec) or (
+        n_quantiles=len(spec.statistics) or len(composite.get("composite_outputs", ())) or (
             len(spec.reduce.quantiles) if spec.reduce is not None and not isinstance(spec.reduce, list) else 0),
         has_period=bool(spec.reduce_period),
         mosaics_passes=spec.source.group_by == "solar_day",
@@ -153,7 +144,7 @@ def pipeline_shape(spec: Any) -> PipelineShape:
         compression=spec.output.compression,
         statistics=len(spec.statistics),
         statistic_methods=tuple(dict.fromkeys(method for _, method, _ in spec.statistics)),
-        **_composite_shape(spec),
+        **composite,
         unused_bands=spec.unused_bands,
         halo=spec.cleanup_halo,
     )
