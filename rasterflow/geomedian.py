@@ -59,6 +59,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rasterflow.composites import MAD_NAMES, geomedian_variables
+
 __all__ = [
     "DEFAULT_EPS",
     "DEFAULT_MAXITERS",
@@ -80,18 +82,9 @@ DEFAULT_WORK_PIXELS = 256 * 256
 """Pixels per slab handed to geomad: the ``(y, x, band, time)`` copy is ``time x band x 256 KiB`` at this size (36 MiB
 at 36 dates x 4 bands). The slab size does not change the speed: a 512² x 24-date x 4-band block took 1.95 s as one
 slab, 1.87 s in 512² slabs, 1.84 s in 256², 1.89 s in 16 rows and 1.99 s row by row (best of 2, 1 thread)."""
-MAD_NAMES = ("emad", "smad", "bcmad")
-"""The MAD variables, in output order (after the bands, before ``count``)."""
-
 _MAD_PIECES = 8
 """The MADs of a slab are taken in this many row pieces: a piece's distances hold ~24 bytes per pixel and date (two
 float64 sums, a float32 plane and the float32 distances), more than the slab copy itself (16 at 4 bands)."""
-
-
-def geomedian_variables(bands: Sequence[str], mads: bool = True) -> tuple[str, ...]:
-    """The names of :func:`geomedian_block`'s output planes, in order: the bands, ``emad``, ``smad``, ``bcmad``
-    (with ``mads``) and ``count``."""
-    return (*bands, *(MAD_NAMES if mads else ()), "count")
 
 
 def geomedian_output_bytes(n_bands: int, pixels: int, mads: bool = True) -> int:

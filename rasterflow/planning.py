@@ -232,22 +232,20 @@ def plan_aoi(geometry: Mapping[str, Any], grid: GridPlan,
 
 
 def composite_of(spec: Spec) -> Composite | None:
-    """A geomedian's or best-pixel composite's plan (None for any other reduction)."""
+    """A geomedian's or best-pixel composite's plan (None for any other reduction): its names from
+    :attr:`Spec.composite <rasterflow.spec.models.Spec.composite>`, as the budget reads them."""
+    names = spec.composite
     reduce = spec.reduce if not isinstance(spec.reduce, list) else None
-    if reduce is None or reduce.method not in ("geomedian", "best"):
+    if names is None or reduce is None:
         return None
-    if reduce.method == "geomedian":
-        from rasterflow.geomedian import geomedian_variables
-
-        if reduce.bands is None:
+    if names.method == "geomedian":
+        if not names.inputs:
             raise ValueError("a geomedian names its bands (the spec's validation checks it)")
-        bands = tuple(reduce.bands)
-        return Composite("geomedian", bands, geomedian_variables(bands, reduce.mads), mads=reduce.mads,
-                         maxiters=reduce.maxiters, eps=float(reduce.eps))
+        return Composite("geomedian", names.inputs, names.outputs, mads=reduce.mads, maxiters=reduce.maxiters,
+                         eps=float(reduce.eps))
     if reduce.by is None:
         raise ValueError("a best-pixel composite names its band `by` (the spec's validation checks it)")
-    outputs = tuple(spec.bands)
-    return Composite("best", outputs, outputs, by=reduce.by, order=reduce.order)
+    return Composite("best", names.inputs, names.outputs, by=reduce.by, order=reduce.order)
 
 
 def reduce_method(spec: Spec) -> str | None:

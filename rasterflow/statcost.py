@@ -119,11 +119,10 @@ def statistics_cost(spec: Spec, shape: PipelineShape, inputs: BudgetInputs) -> S
 
     stats: list[StatisticCost] = []
     if reduce is not None and reduce.method == "geomedian":
-        from rasterflow.geomedian import (DEFAULT_WORK_PIXELS, geomedian_output_bytes, geomedian_variables,
-                                          geomedian_work_bytes, slab_rows)
+        from rasterflow.geomedian import DEFAULT_WORK_PIXELS, geomedian_output_bytes, geomedian_work_bytes, slab_rows
 
-        gm_bands = list(reduce.bands or ())  # validation requires at least two
-        variables = geomedian_variables(gm_bands, reduce.mads)
+        gm_bands = list(shape.composite_inputs)  # validation requires at least two
+        variables = shape.composite_outputs
         slab = slab_rows(part.rows, part.cols, DEFAULT_WORK_PIXELS) * part.cols
         stats.append(StatisticCost(
             name="geomedian", method="geomedian", variables=variables, work_bytes=stage_work,

@@ -98,18 +98,11 @@ def _budget_method(spec: Any) -> str | None:
 
 def _composite_shape(spec: Any) -> dict[str, Any]:
     """The composite fields of :class:`PipelineShape` (empty for anything but a geomedian or best-pixel composite):
-    its inputs and outputs as :func:`rasterflow.kernels.Program` names them."""
-    reduce = spec.reduce if not isinstance(spec.reduce, list) else None
-    if reduce is None or reduce.method not in ("geomedian", "best"):
+    its inputs and outputs as the plan's :class:`~rasterflow.kernels.Composite` names them (``Spec.composite``)."""
+    names = spec.composite
+    if names is None:
         return {}
-    if reduce.method == "geomedian":
-        from rasterflow.geomedian import geomedian_variables
-
-        inputs = tuple(reduce.bands)
-        outputs = geomedian_variables(inputs, bool(reduce.mads))
-    else:
-        inputs = outputs = tuple(spec.bands)
-    return {"composite": str(reduce.method), "composite_inputs": inputs, "composite_outputs": tuple(outputs)}
+    return {"composite": names.method, "composite_inputs": names.inputs, "composite_outputs": names.outputs}
 
 
 def pipeline_shape(spec: Any) -> PipelineShape:

@@ -6,6 +6,7 @@ Every field carries a description so the generated JSON Schema documents itself 
 
 from __future__ import annotations
 
+import functools
 import keyword
 from datetime import date, datetime
 import math
@@ -26,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from rasterflow.composites import CompositeNames, geomedian_variables
 from rasterflow.errors import ExpressionError
 from rasterflow.spec.timeparse import parse_datetime_window
 from rasterflow.units import parse_bytes
@@ -934,6 +936,20 @@ class Spec(_Model):
         return cleanup_halo(self.cleanup_steps)
 
     @property
+    def composite(self) -> CompositeNames | None:
+        """A geomedian's or best-pixel composite's bands and variables (None for any other reduction): a geomedian
+        reads its ``bands`` and writes them, its MADs and ``count``; a best-pixel composite reads and writes every
+        band of ``bands``."""
+        reduce = self.reduce if not isinstance(self.reduce, list) else None
+        if reduce is None or reduce.method not in COMPOSITE_METHODS:
+            return None
+        if reduce.method == "geomedian":
+            inputs = tuple(reduce.bands or ())
+            return CompositeNames("geomedian", inputs, geomedian_variables(inputs, reduce.mads))
+        outputs = tuple(self.bands)
+        return CompositeNames(str(reduce.method), outputs, outputs)
+
+    @property
     def program_bands(self) -> dict[str, str]:
         """The bands the tasks compute: ``bands``, and an asset a geomedian or best-pixel composite names (its
         masked values, as a band of the same name). A geomedian writes only its own bands: a band it does not
@@ -947,7 +963,7 @@ class Spec(_Model):
         unused = self.unused_bands
         return {name: text for name, text in out.items() if name not in unused}
 
-    @property
+    @functools.cached_property
     def unused_bands(self) -> tuple[str, ...]:
         """Bands of ``bands`` that no output needs: with a geomedian, those it does not read (directly or through
         another band's expression); empty otherwise (every band is an output)."""
