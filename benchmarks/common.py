@@ -80,7 +80,7 @@ source:
     catalog: {catalog.items_json}
     collections: [sentinel-2-l2a-sample]
     bbox: [{w - 0.01}, {s - 0.01}, {e + 0.01}, {n + 0.01}]
-    datetime: 2024-01-01/2024-12-31
+    datetime: 2024-01-01/2025-12-31  # every item of the sample: 24 or 36 dates run into 2025
   assets: {{red: red, nir: nir, scl: scl}}
 grid:
   crs: EPSG:32633

@@ -187,6 +187,30 @@ def test_zarr_keeps_the_scheduler_and_the_client_to_the_cap(tmp_path, client, pe
     assert max(futures_seen) <= cap
 
 
+def test_the_fused_path_writes_a_chunk_and_its_variables_in_one_task(tmp_path, client, peak):
+    """``fused=True`` (the fused path's chunks): a chunk's shared task and the writes of both its variables are one
+    task on one worker, so its result never waits on a worker for write tasks; the values, the resume markers and
+    the bound are those of the task-per-key submission."""
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    path = str(tmp_path / "fused.zarr")
+    result = write_zarr(_dataset(_source(str(calls))), path, fingerprint="fp", client=client, fused=True)
+
+    assert result.blocks_written == 2 * NBLOCKS and result.blocks_skipped == 0
+    out = xr.open_zarr(path)
+    np.testing.assert_array_equal(out["ndvi"].values, _reference())
+    np.testing.assert_array_equal(out["water"].values, _reference() * 2)
+    assert sorted(_calls(calls)) == sorted(np.ndindex(8, 8))  # every source block once
+    # one task per chunk in flight: threads + QUEUED_UNITS = 3 at once at least, never the 4 tasks per chunk
+    held = peak()
+    assert 0 < held <= 2 * 4
+    # both variables' statistics came back through the unit's task
+    assert set(result.statistics) == {"ndvi", "water"} and len(result.statistics["water"]) == NBLOCKS
+    water = list(result.statistics["water"].values())
+    assert sum(s.count for s in water) == int(np.count_nonzero(~np.isnan(_reference())))
+    np.testing.assert_allclose(max(s.max for s in water), np.nanmax(_reference() * 2), rtol=1e-6)
+
+
 def test_a_plain_dask_dataset_is_written_with_its_shared_blocks_computed_once(tmp_path, client):
     """Not rasterflow's own layers: the blocks are computed through Dask's collection API, a batch's in one
     ``compute`` (so the block both variables share runs once), still bounded."""

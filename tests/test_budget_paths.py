@@ -72,9 +72,9 @@ def test_fused_median_holds_block_series_and_one_date_temporaries(whole_chunks):
     assert stages["write"] == int(ONE + budget.ZARR_WRITE_PLANES * ONE)  # the result + zarr's buffers
     # 4 chunks for 1 worker and 1 thread: one task at a time; 48 files open; the cache fills (decodes 84 MB a chunk)
     assert report.concurrent_tasks == 1 and report.gdal_cache_bytes == 64 * MB
-    # the finished result waits for its write while the thread runs the next chunk
-    assert report.held_bytes == ONE
-    assert report.peak_per_worker == held + 4 * ONE + ONE + 48 * budget.OPEN_FILE_BYTES + 64 * MB \
+    # no finished result waits for its write: the Zarr writer runs a chunk's reduction and its write as one task
+    assert report.held_bytes == 0
+    assert report.peak_per_worker == held + 4 * ONE + 48 * budget.OPEN_FILE_BYTES + 64 * MB \
         + budget.WORKER_BASELINE_BYTES
 
 
@@ -102,10 +102,10 @@ def test_edge_chunks_count_at_their_real_size(whole_chunks):
     big = dataclasses.replace(inputs, grid_shape=(1536, 1536))
     second = budget.estimate(_shape("median"), small)
     block = second.stages[0].bytes_per_task
-    # the largest at its peak, the second with its block and 0.6 of the rest (budget.CONCURRENT_RAMP), besides the
-    # finished results waiting for their writes (one per thread; budget.held_between_tasks)
-    assert report.held_bytes == 2 * 1536 * 1536 * 4
-    running = report.tasks_bytes - report.held_bytes
+    # the largest at its peak, the second with its block and 0.6 of the rest (budget.CONCURRENT_RAMP); no finished
+    # result waits for its write (a chunk's reduction and its write are one task for Zarr)
+    assert report.held_bytes == 0
+    running = report.tasks_bytes
     assert running == budget.estimate(_shape("median"), big).peak_task_bytes \
         + int(block + budget.CONCURRENT_RAMP * (second.peak_task_bytes - block))
     # not twice the full chunk

@@ -482,7 +482,11 @@ def held_between_tasks(shape: PipelineShape, inputs: BudgetInputs) -> int:
 
 
 def fused_held(shape: PipelineShape, inputs: BudgetInputs) -> int:
-    """Finished chunk results waiting for their writes (every entry and band of a chunk's result)."""
+    """Finished chunk results waiting for their writes (every entry and band of a chunk's result). None for Zarr
+    without shards: its writer runs a chunk's reduction and its writes as one task (``write.submit.run_units``'
+    ``one_task_per_unit``), whose write stage counts the result."""
+    if shape.output_format != "cog" and shards_per_side(shape, inputs) <= 1:
+        return 0
     task = task_shapes(shape, inputs)[0]
     one = task.pixels * dtype_itemsize(inputs.dtype)
     n_groups = _n_groups(shape, inputs)

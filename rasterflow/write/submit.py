@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import dask.array as da
     from distributed import Client, Future
 
-__all__ = ["BlockTasks", "Batch", "evaluate", "run_units", "in_flight_cap", "default_client", "cluster_threads", "settled", "IN_FLIGHT_PER_THREAD", "QUEUED_UNITS"]
+__all__ = ["BlockTasks", "Batch", "evaluate", "run_calls", "run_units", "in_flight_cap", "default_client", "cluster_threads", "settled", "IN_FLIGHT_PER_THREAD", "QUEUED_UNITS"]
 
 #: Default cap on blocks in flight, per worker thread of the cluster: enough that no thread waits for the next
 #: submission (a batch is submitted when half the cap has finished), small enough that the scheduler holds O(threads).
@@ -136,6 +136,43 @@ def evaluate(value: Any) -> Any:
 def _call(fn: Callable[..., Any], *args: Any) -> Any:
     """A submitted task: ``fn`` applied to its arguments once their inlined calls ran."""
     return fn(*(evaluate(a) for a in args))
+
+
+class _Result:
+    """In :func:`run_calls`' arguments: the value of its ``index``-th call."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __reduce__(self) -> tuple[type[_Result], tuple[int]]:
+        return _Result, (self.index,)
+
+
+def _resolved(value: Any, results: list[Any]) -> Any:
+    if isinstance(value, _Result):
+        return results[value.index]
+    if isinstance(value, list):
+        if value and isinstance(value[0], str) and value[0] == _INLINE:
+            fn, *args = value[1:]
+            return fn(*(_resolved(a, results) for a in args))
+        return [_resolved(v, results) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_resolved(v, results) for v in value)
+    return value
+
+
+def run_calls(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]], roots: list[Any]) -> list[Any]:
+    """A unit's task (:meth:`Batch.submit_as_one`): ``calls`` in order, each ``fn(*args)`` with
+    :class:`_Result` arguments standing for earlier calls' values, then the values of ``roots``."""
+    results: list[Any] = []
+    try:
+        for fn, args in calls:
+            results.append(fn(*(_resolved(a, results) for a in args)))
+        return [_resolved(root, results) for root in roots]
+    finally:
+        results.clear()  # the chunk's result goes when the task ends, also when a write failed
 
 
 class BlockTasks:
@@ -263,6 +300,39 @@ class Batch:
             # results on the workers, would live until the garbage collector runs
             done.clear()
 
+    def submit_as_one(self, client: Client) -> Future[Any] | None:
+        """One task computing every key of the batch on one worker, each shared call once (a chunk's
+        read-and-reduce, then the writes of its variables), in order; its value is the list of the keys' values.
+        None when the batch has blocks of another collection (submit those with :meth:`submit`).
+
+        A chunk's result then lives only inside that task: it never waits on a worker for write tasks the scheduler
+        has not sent yet while the thread that made it starts the next chunk."""
+        if self._blocks():
+            return None
+        calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        position: dict[int, int] = {}
+
+        def encode(value: Any) -> Any:
+            if isinstance(value, _Call):
+                if value.inline:
+                    return [_INLINE, value.fn, *(encode(a) for a in value.args)]
+                if id(value) not in position:
+                    args = tuple(encode(a) for a in value.args)
+                    position[id(value)] = len(calls)
+                    calls.append((value.fn, args))
+                return _Result(position[id(value)])
+            if isinstance(value, list):
+                return [encode(v) for v in value]
+            if isinstance(value, tuple):
+                return tuple(encode(v) for v in value)
+            return value
+
+        roots = [encode(root) for root in self.roots]
+        first = self.keys[0]
+        key = (f"rasterflow-unit-{first[0]}", *first[1:]) if isinstance(first, tuple) else f"rasterflow-unit-{first}"
+        future: Future[Any] = client.submit(run_calls, calls, roots, key=key)
+        return future
+
     def compute(self) -> list[Any]:
         """The values of the batch's keys, computed in this thread (the other collections' blocks in one
         synchronous ``dask.compute``)."""
@@ -308,6 +378,7 @@ def run_units(
     progress: Callable[[int, int], None] | None = None,
     weight: Callable[[Key], int] | None = None,
     min_units: int | None = None,
+    one_task_per_unit: bool = False,
 ) -> int:
     """Compute every key of ``units``, a bounded batch at a time; returns the number of blocks computed.
 
@@ -336,6 +407,10 @@ def run_units(
         Units allowed in flight whatever their blocks (default 1: a unit larger than the cap goes alone). The Zarr
         writer passes the cluster's worker threads + :data:`QUEUED_UNITS` on the fused path, so that every thread
         has a unit to run even when one unit's blocks fill the cap.
+    one_task_per_unit : bool
+        On a distributed client, compute each unit's tasks as one task (:meth:`Batch.submit_as_one`): its shared
+        upstream (a chunk's read-and-reduce) and its keys (the writes of the chunk's variables) run one after the
+        other on one worker thread. The Zarr writer asks for it on the fused path.
 
     Raises
     ------
@@ -347,7 +422,7 @@ def run_units(
     count = _Counter(total, progress, weight)
     size = (lambda key: 1) if weight is None else weight
     if client is not None:
-        _run_distributed(_Feed(iter(units), size, floor), build, client, cap, on_result, count)
+        _run_distributed(_Feed(iter(units), size, floor), build, client, cap, on_result, count, one_task_per_unit)
     else:
         _run_local(_Feed(iter(units), size, floor), build, cap, on_result, count)
     return count.done
@@ -406,18 +481,23 @@ class _Feed:
 
 
 def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], client: Client, cap: int,
-                     on_result: Callable[[Key, Any], None] | None, count: _Counter) -> None:
+                     on_result: Callable[[Key, Any], None] | None, count: _Counter,
+                     one_task_per_unit: bool = False) -> None:
     from distributed import as_completed
 
-    in_flight: dict[Future[Any], Key] = {}  # future -> key
+    in_flight: dict[Future[Any], list[Key]] = {}  # future -> its key, or every key of a unit's one task
+    whole: set[Future[Any]] = set()  # futures of a unit's one task (their value: the list of the keys' values)
     unit_of: dict[Key, int] = {}  # key in flight -> its unit's number
     left: dict[int, int] = {}  # unit in flight -> its keys not finished
     # bound to this client's loop: without it as_completed looks for a *default* client
     completed = as_completed(loop=client.loop, raise_errors=False)
     numbers = iter(range(1 << 62))
 
+    def blocks_in_flight() -> int:
+        return feed.blocks(key for keys in in_flight.values() for key in keys)
+
     def submit() -> None:
-        units = feed.take(feed.blocks(in_flight.values()), cap, len(left))
+        units = feed.take(blocks_in_flight(), cap, len(left))
         batch = [key for unit in units for key in unit]
         if not batch:
             return
@@ -425,9 +505,22 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
             number = next(numbers)
             left[number] = len(unit)
             unit_of.update((key, number) for key in unit)
-        futures = build(batch).submit(client)
-        for key, future in zip(batch, futures):
-            in_flight[future] = key
+        futures: list[Future[Any]] = []
+        rest = batch
+        if one_task_per_unit:
+            rest = []
+            for unit in units:
+                future = build(unit).submit_as_one(client)
+                if future is None:
+                    rest.extend(unit)
+                    continue
+                in_flight[future] = list(unit)
+                whole.add(future)
+                futures.append(future)
+        if rest:
+            for key, future in zip(rest, build(rest).submit(client)):
+                in_flight[future] = [key]
+                futures.append(future)
         completed.update(futures)
 
     try:
@@ -437,17 +530,21 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
             while completed.has_ready():
                 finished.append(next(completed))
             for future in finished:
-                key = in_flight.pop(future)
-                value = settled(future, key, wanted=on_result is not None)  # raises a failed block's error
-                if on_result is not None:
-                    on_result(key, value)
+                keys = in_flight.pop(future)
+                # raises a failed block's error
+                value = settled(future, keys[0], wanted=on_result is not None)
+                values = value if future in whole else [value]
+                whole.discard(future)
+                for index, key in enumerate(keys):
+                    if on_result is not None:
+                        on_result(key, values[index])  # with on_result, settled gave the value
+                    count(key)
+                    number = unit_of.pop(key)
+                    left[number] -= 1
+                    if not left[number]:
+                        del left[number]
                 future.release()  # the scheduler forgets the block's tasks
-                count(key)
-                number = unit_of.pop(key)
-                left[number] -= 1
-                if not left[number]:
-                    del left[number]
-            if feed.wants(feed.blocks(in_flight.values()), cap, len(left)):
+            if feed.wants(blocks_in_flight(), cap, len(left)):
                 submit()
     finally:
         if in_flight:

@@ -561,8 +561,11 @@ def write_zarr(
             # and series paths, whose next chunk's band tasks would run beside the held blocks of the first
             # (budget_accuracy.py rows 17, 20, 29: measured up to 1.45x the projection)
             floor = submit.cluster_threads(client) + submit.QUEUED_UNITS if fused and side <= 1 else 1
+            # and on the fused path a chunk's read-and-reduce and its variables' writes are one task: its result is
+            # never held on a worker waiting for the writes while the thread starts the next chunk
             written = submit.run_units(units, build, total=todo, client=client, progress=progress, weight=weight,
-                                       max_in_flight=cap, on_result=keep_statistics, min_units=floor)
+                                       max_in_flight=cap, on_result=keep_statistics, min_units=floor,
+                                       one_task_per_unit=fused and side <= 1)
         except Exception as exc:
             raise RunFailedError(
                 f"writing {path} failed: {type(exc).__name__}: {exc}. Finished blocks are kept in {store}; "
