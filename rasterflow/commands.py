@@ -254,11 +254,21 @@ def resolve_layout(spec: Spec) -> WorkerLayout:
 
 def _processes_if_refused(loaded: LoadedSpec, items: list[dict[str, Any]], layout: WorkerLayout,
                           plan: JobPlan) -> tuple[WorkerLayout, JobPlan]:
-    """``cluster.processes: auto`` planned one process and the budget refused it: plan worker processes."""
-    from rasterflow.cluster import ClusterSettings, process_fallback
+    """``cluster.processes: auto`` planned one process: plan worker processes when the budget refused it, or when
+    the job is long (:data:`~rasterflow.cluster.ONE_PROCESS_MAX_SECONDS` of estimated compute) and fits them."""
+    from rasterflow.cluster import ONE_PROCESS_MAX_SECONDS, ClusterSettings, process_fallback
+    from rasterflow.planning import STARTUP_SECONDS
 
-    fallback = None if plan.report.ok else process_fallback(ClusterSettings.from_spec(loaded.spec.cluster), layout)
-    return (layout, plan) if fallback is None else (fallback, plan_with_items(loaded, items, fallback))
+    fallback = process_fallback(ClusterSettings.from_spec(loaded.spec.cluster), layout)
+    if fallback is None:
+        return layout, plan
+    if not plan.report.ok:
+        return fallback, plan_with_items(loaded, items, fallback)
+    if plan.cost is not None and plan.cost.wall_seconds - STARTUP_SECONDS >= ONE_PROCESS_MAX_SECONDS:
+        processes = plan_with_items(loaded, items, fallback)
+        if processes.report.ok:
+            return fallback, processes
+    return layout, plan
 
 
 def fingerprint(loaded: LoadedSpec, plan: JobPlan, period_items: Sequence[dict[str, Any]] | None = None) -> str:

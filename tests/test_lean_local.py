@@ -195,6 +195,32 @@ def test_auto_is_one_process_when_it_fits_and_worker_processes_when_not(sample, 
     assert plan_command(load_spec(tight)).exit_code == 3  # asked for one process: refused, not moved
 
 
+def test_auto_runs_a_long_job_in_worker_processes(sample, tmp_path, monkeypatch):
+    """``processes: auto`` keeps one process for a job the plan estimates short, and plans worker processes for a
+    long one (``ONE_PROCESS_MAX_SECONDS`` of compute), as long as they fit."""
+    import rasterflow.cluster
+    from rasterflow.commands import plan_command
+    from rasterflow.planning import STARTUP_SECONDS
+    from rasterflow.sizing import local_machine
+    from rasterflow.spec import load_spec
+
+    if local_machine().cores < 2:
+        pytest.skip("one core: one process and one worker process are the same layout")
+    path = tmp_path / "auto.yaml"
+    path.write_text(spec_text(sample, reduce="{method: median}", cluster="{memory_limit: 4GB}"))
+    short = plan_command(load_spec(path)).plan
+    assert short.cost is not None and short.cost.wall_seconds - STARTUP_SECONDS < rasterflow.cluster.ONE_PROCESS_MAX_SECONDS
+    assert short.layout.processes is False
+    # the same job counted as long: worker processes, one per core, planned and within budget
+    monkeypatch.setattr(rasterflow.cluster, "ONE_PROCESS_MAX_SECONDS", 0.0)
+    long = plan_command(load_spec(path)).plan
+    assert long.layout.processes is True and long.layout.n_workers == local_machine().cores and long.report.ok
+    assert not long.report.inputs.one_process
+    # asked for one process: kept, however long
+    path.write_text(spec_text(sample, reduce="{method: median}", cluster="{memory_limit: 4GB, processes: false}"))
+    assert plan_command(load_spec(path)).plan.layout.processes is False
+
+
 def test_layout_functions_on_a_given_machine():
     from rasterflow.cluster import ClusterSettings, local_run_layout, process_fallback
     from rasterflow.sizing import MachineInfo

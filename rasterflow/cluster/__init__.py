@@ -26,6 +26,7 @@ from rasterflow.cluster.lifecycle import ClusterHandle, open_cluster
 from rasterflow.cluster.progress import CountingProgress, ProgressReporter, progress
 from rasterflow.cluster.settings import (
     ADDRESS_ENV,
+    ONE_PROCESS_MAX_SECONDS,
     ClusterSettings,
     local_run_layout,
     process_fallback,
@@ -42,6 +43,7 @@ __all__ = [
     "remote_layout",
     "local_run_layout",
     "process_fallback",
+    "ONE_PROCESS_MAX_SECONDS",
     "open_cluster",
     "gdal_cachemax_env_value",
     "worker_dask_config",

@@ -104,11 +104,20 @@ def local_run_layout(settings: ClusterSettings, machine: MachineInfo | None = No
                           processes=settings.processes)
 
 
+ONE_PROCESS_MAX_SECONDS = 20.0
+"""``processes: auto`` runs a job in one process when the plan estimates less compute than this (seconds, start-up
+excluded), else in worker processes. One process saves the workers' start-up and memory, but its threads share one
+interpreter: measured on 2 cores (benchmarks/README.md, remote_read.py and compare_peers.py), a 4096² x 8-date job
+(estimated 3 s) ran in 3.5 s in one process against 5.0 s in two worker processes, a 5490² x 36-date one
+(estimated 28 s) in 13.6 s against 11.5 s, the 10980² x 36-date tile (estimated 2 min) in 44 s against 36 s, and
+over a 40 ms network 88 s against 72 s."""
+
+
 def process_fallback(settings: ClusterSettings, layout: WorkerLayout,
                      machine: MachineInfo | None = None) -> WorkerLayout | None:
-    """``processes: auto`` chose one process (``layout``) and the job's budget refused it: the worker processes'
-    layout to plan again with; None when there is nothing to fall back to (the layout was asked for, or is not a
-    one-process one)."""
+    """``processes: auto`` chose one process (``layout``): the worker processes' layout to plan again with when the
+    job's budget refuses one process or the job is long (:data:`ONE_PROCESS_MAX_SECONDS`); None when there is
+    nothing to fall back to (the layout was asked for, or is not a one-process one)."""
     if settings.processes != "auto" or layout.processes or resolve_address(settings):
         return None
     from rasterflow.sizing import local_machine, size_local_cluster

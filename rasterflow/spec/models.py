@@ -726,8 +726,8 @@ class Cluster(_Model):
         description=(
             "true = a LocalCluster of n_workers worker processes; false = one process (the run's own) with "
             "n_workers x threads_per_worker threads and memory_limit as its limit: no worker start-up, one "
-            "interpreter instead of one per worker, no dashboard; auto = one process when n_workers is auto and the job's budget "
-            "fits one process, else worker processes. Ignored when address (or DASK_SCHEDULER_ADDRESS) is set."
+            "interpreter instead of one per worker, no dashboard; auto = one process when n_workers is auto, the job's budget "
+            "fits one process and plan estimates less than 20 s of compute, else worker processes. Ignored when address (or DASK_SCHEDULER_ADDRESS) is set."
         ),
     )
 
