@@ -329,3 +329,28 @@ def test_validate_checks_the_processes_run_will_start(sample, tmp_path):
     assert fallback.ok and not fallback.inputs.one_process  # auto: worker processes, as run would start
     with pytest.raises(BudgetExceededError):
         report(between, ", processes: false")  # asked for one process: refused, not moved
+
+
+def test_one_process_runs_beside_a_dashboard_on_8787(sample, tmp_path):
+    """A user's Dask dashboard (or anything) on port 8787 does not disturb a one-process run: its scheduler's HTTP
+    server takes a free port (warnings are errors in this suite: distributed's "Port 8787 is already in use" would
+    fail the run)."""
+    import socket
+
+    holder = socket.socket()
+    try:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            holder.bind(("0.0.0.0", 8787))
+        except OSError:
+            pass  # already held by something else: the same situation
+        else:
+            holder.listen(1)
+        import rasterflow
+
+        path = _spec(sample, tmp_path, "beside", "{processes: false, memory_limit: 2GB}")
+        result = rasterflow.run(path)
+        assert result.exit_code == 0
+        assert np.isfinite(xr.open_zarr(tmp_path / "out" / "beside.zarr")["ndvi"].values).any()
+    finally:
+        holder.close()

@@ -161,6 +161,9 @@ def _start_in_process(settings: ClusterSettings, layout: WorkerLayout) -> tuple[
                 # no dashboard: bokeh's import and server cost ~20 MB and 0.5-3 s of start-up (measured 2026-12-03),
                 # a large share of a small job; processes: true keeps it
                 dashboard_address=None,
+                # the scheduler's HTTP server (health, metrics) still runs: on a free loopback port, not on 8787,
+                # which a user's own Dask dashboard often holds ("Port 8787 is already in use" warned otherwise)
+                scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"},
                 silence_logs=logging.WARNING,
                 preload=configured_preloads(),
             )
