@@ -218,6 +218,9 @@ def test_a_spec_writes_shards_and_the_plan_counts_them(sample, tmp_path):
     # the next shard's, and one band's shard encoded as float32 and compressed beside it
     chunk = 64 * 64 * 4
     expected = 4 * 2 * chunk + 4 * 2 * chunk // 2 + 2 * 4 * chunk
+    # and a finished chunk's 2-band result waiting for the task that writes its shard; unsharded, a chunk's
+    # reduction and its writes are one task (write.submit.run_units' one_task_per_unit): nothing waits
+    expected += 2 * chunk
     assert plans["sharded"]["held_bytes"] - plans["plain"]["held_bytes"] == expected
     assert plans["sharded"]["peak_per_worker"] - plans["plain"]["peak_per_worker"] == expected
 
