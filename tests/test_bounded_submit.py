@@ -155,6 +155,15 @@ def _calls(calls_dir) -> list[tuple[int, int]]:
     return [tuple(int(p) for p in name.split(".")[:2]) for name in os.listdir(calls_dir)]
 
 
+def _assert_written_once(result, path: str, calls) -> None:
+    """Every block of both variables written, the values NumPy's, every source block computed once."""
+    assert result.blocks_written == 2 * NBLOCKS and result.blocks_skipped == 0
+    out = xr.open_zarr(path)
+    np.testing.assert_array_equal(out["ndvi"].values, _reference())
+    np.testing.assert_array_equal(out["water"].values, _reference() * 2)
+    assert sorted(_calls(calls)) == sorted(np.ndindex(8, 8))
+
+
 def test_zarr_keeps_the_scheduler_and_the_client_to_the_cap(tmp_path, client, peak):
     calls = tmp_path / "calls"
     calls.mkdir()
@@ -170,12 +179,8 @@ def test_zarr_keeps_the_scheduler_and_the_client_to_the_cap(tmp_path, client, pe
     path = str(tmp_path / "out.zarr")
     result = write_zarr(_dataset(_source(str(calls))), path, fingerprint="fp", client=client, progress=on_progress)
 
-    assert result.blocks_written == 2 * NBLOCKS and result.blocks_skipped == 0
-    out = xr.open_zarr(path)
-    np.testing.assert_array_equal(out["ndvi"].values, _reference())
-    np.testing.assert_array_equal(out["water"].values, _reference() * 2)
     # every source block computed once (both variables of a block go together, so it is shared)
-    assert sorted(_calls(calls)) == sorted(np.ndindex(8, 8))
+    _assert_written_once(result, path, calls)
     assert progress[-1] == (2 * NBLOCKS, 2 * NBLOCKS) and len(progress) == 2 * NBLOCKS
     # a block is 2 tasks (the source shared by both variables, 'water = 2 ndvi' and a write per variable: 4 per
     # position); the scheduler holds those of the blocks in flight (<= cap) and of blocks just released that it has
@@ -196,11 +201,7 @@ def test_the_fused_path_writes_a_chunk_and_its_variables_in_one_task(tmp_path, c
     path = str(tmp_path / "fused.zarr")
     result = write_zarr(_dataset(_source(str(calls))), path, fingerprint="fp", client=client, fused=True)
 
-    assert result.blocks_written == 2 * NBLOCKS and result.blocks_skipped == 0
-    out = xr.open_zarr(path)
-    np.testing.assert_array_equal(out["ndvi"].values, _reference())
-    np.testing.assert_array_equal(out["water"].values, _reference() * 2)
-    assert sorted(_calls(calls)) == sorted(np.ndindex(8, 8))  # every source block once
+    _assert_written_once(result, path, calls)
     # one task per chunk in flight: threads + QUEUED_UNITS = 3 at once at least, never the 4 tasks per chunk
     held = peak()
     assert 0 < held <= 2 * 4
