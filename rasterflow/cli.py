@@ -390,6 +390,23 @@ def _plan_text(specs: tuple[str, ...], fix: bool, variables: dict[str, str], sel
     return worst
 
 
+
+def _layout_words(plan: JobPlan) -> str:
+    """Why ``cluster.processes: auto`` chose the layout it did (empty for a layout the spec asked for)."""
+    if plan.cluster.processes != "auto" or plan.cluster.address or plan.layout.source != "local":
+        return ""
+    from rasterflow.cluster import ONE_PROCESS_MAX_SECONDS
+
+    if not plan.layout.processes:
+        return f": one process (processes: auto; under {ONE_PROCESS_MAX_SECONDS:g} s of compute)"
+    if plan.cluster.n_workers != "auto":
+        return ": worker processes (n_workers is set)"
+    from rasterflow.planning import STARTUP_SECONDS
+
+    if plan.cost is not None and plan.cost.wall_seconds - STARTUP_SECONDS >= ONE_PROCESS_MAX_SECONDS:
+        return f": worker processes (processes: auto; {ONE_PROCESS_MAX_SECONDS:g} s of compute or more)"
+    return ": worker processes (processes: auto; one process would be over budget)"
+
 def _print_plan(loaded: LoadedSpec, plan: JobPlan) -> None:
     from rasterflow.budget import ALIGNED_GDAL_CACHEMAX, strip_target
     from rasterflow.commands import assets_applied
@@ -427,7 +444,7 @@ def _print_plan(loaded: LoadedSpec, plan: JobPlan) -> None:
         if cost.remote is not None:
             echo(f"  remote reads     {cost.remote.summary()}")
     echo(f"  workers          {plan.layout.n_workers} x {plan.layout.threads_per_worker} thread(s), "
-         f"limit {format_bytes(plan.layout.memory_limit)} each ({plan.layout.source})")
+         f"limit {format_bytes(plan.layout.memory_limit)} each ({plan.layout.source}){_layout_words(plan)}")
     if plan.cluster.gdal_cachemax == "auto":
         why = ("every file on the grid, its tiles on the chunks' edges: each block is decoded once"
                if plan.gdal_cachemax == ALIGNED_GDAL_CACHEMAX else

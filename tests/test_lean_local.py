@@ -216,6 +216,12 @@ def test_auto_runs_a_long_job_in_worker_processes(sample, tmp_path, monkeypatch)
     long = plan_command(load_spec(path)).plan
     assert long.layout.processes is True and long.layout.n_workers == local_machine().cores and long.report.ok
     assert not long.report.inputs.one_process
+    from click.testing import CliRunner
+
+    from rasterflow.cli import cli
+
+    printed = CliRunner().invoke(cli, ["plan", str(path)])
+    assert "worker processes (processes: auto; 0 s of compute or more)" in printed.output, printed.output
     # asked for one process: kept, however long
     path.write_text(spec_text(sample, reduce="{method: median}", cluster="{memory_limit: 4GB, processes: false}"))
     assert plan_command(load_spec(path)).plan.layout.processes is False
