@@ -401,9 +401,9 @@ def _layout_words(plan: JobPlan) -> str:
         return f": one process (processes: auto; under {ONE_PROCESS_MAX_SECONDS:g} s of compute)"
     if plan.cluster.n_workers != "auto":
         return ": worker processes (n_workers is set)"
-    from rasterflow.planning import STARTUP_SECONDS
+    from rasterflow.commands import long_for_one_process
 
-    if plan.cost is not None and plan.cost.wall_seconds - STARTUP_SECONDS >= ONE_PROCESS_MAX_SECONDS:
+    if long_for_one_process(plan):
         return f": worker processes (processes: auto; {ONE_PROCESS_MAX_SECONDS:g} s of compute or more)"
     return ": worker processes (processes: auto; one process would be over budget)"
 

@@ -252,19 +252,27 @@ def resolve_layout(spec: Spec) -> WorkerLayout:
     return local_run_layout(settings)
 
 
+def long_for_one_process(plan: JobPlan) -> bool:
+    """Whether ``processes: auto`` runs the job in worker processes for its length: ``plan`` estimates at least
+    :data:`~rasterflow.cluster.ONE_PROCESS_MAX_SECONDS` of compute (start-up not counted)."""
+    from rasterflow.cluster import ONE_PROCESS_MAX_SECONDS
+    from rasterflow.planning import STARTUP_SECONDS
+
+    return plan.cost is not None and plan.cost.wall_seconds - STARTUP_SECONDS >= ONE_PROCESS_MAX_SECONDS
+
+
 def _processes_if_refused(loaded: LoadedSpec, items: list[dict[str, Any]], layout: WorkerLayout,
                           plan: JobPlan) -> tuple[WorkerLayout, JobPlan]:
     """``cluster.processes: auto`` planned one process: plan worker processes when the budget refused it, or when
     the job is long (:data:`~rasterflow.cluster.ONE_PROCESS_MAX_SECONDS` of estimated compute) and fits them."""
-    from rasterflow.cluster import ONE_PROCESS_MAX_SECONDS, ClusterSettings, process_fallback
-    from rasterflow.planning import STARTUP_SECONDS
+    from rasterflow.cluster import ClusterSettings, process_fallback
 
     fallback = process_fallback(ClusterSettings.from_spec(loaded.spec.cluster), layout)
     if fallback is None:
         return layout, plan
     if not plan.report.ok:
         return fallback, plan_with_items(loaded, items, fallback)
-    if plan.cost is not None and plan.cost.wall_seconds - STARTUP_SECONDS >= ONE_PROCESS_MAX_SECONDS:
+    if long_for_one_process(plan):
         processes = plan_with_items(loaded, items, fallback)
         if processes.report.ok:
             return fallback, processes

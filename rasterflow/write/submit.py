@@ -121,15 +121,18 @@ class _Block:
 _INLINE = "__rasterflow_inline_call__"
 
 
-def evaluate(value: Any) -> Any:
-    """Run the inlined calls in ``value`` (nested lists and tuples), innermost first; other values as they are."""
+def evaluate(value: Any, results: Sequence[Any] = ()) -> Any:
+    """Run the inlined calls in ``value`` (nested lists and tuples), innermost first; a :class:`_Result` is the
+    value of that call of ``results`` (:func:`run_calls`); other values as they are."""
+    if isinstance(value, _Result):
+        return results[value.index]
     if isinstance(value, list):
         if value and isinstance(value[0], str) and value[0] == _INLINE:
             fn, *args = value[1:]
-            return fn(*(evaluate(a) for a in args))
-        return [evaluate(v) for v in value]
+            return fn(*(evaluate(a, results) for a in args))
+        return [evaluate(v, results) for v in value]
     if isinstance(value, tuple):
-        return tuple(evaluate(v) for v in value)
+        return tuple(evaluate(v, results) for v in value)
     return value
 
 
@@ -146,22 +149,6 @@ class _Result:
     def __init__(self, index: int):
         self.index = index
 
-    def __reduce__(self) -> tuple[type[_Result], tuple[int]]:
-        return _Result, (self.index,)
-
-
-def _resolved(value: Any, results: list[Any]) -> Any:
-    if isinstance(value, _Result):
-        return results[value.index]
-    if isinstance(value, list):
-        if value and isinstance(value[0], str) and value[0] == _INLINE:
-            fn, *args = value[1:]
-            return fn(*(_resolved(a, results) for a in args))
-        return [_resolved(v, results) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_resolved(v, results) for v in value)
-    return value
-
 
 def run_calls(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]], roots: list[Any]) -> list[Any]:
     """A unit's task (:meth:`Batch.submit_as_one`): ``calls`` in order, each ``fn(*args)`` with
@@ -169,8 +156,8 @@ def run_calls(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]], roots: li
     results: list[Any] = []
     try:
         for fn, args in calls:
-            results.append(fn(*(_resolved(a, results) for a in args)))
-        return [_resolved(root, results) for root in roots]
+            results.append(fn(*(evaluate(a, results) for a in args)))
+        return [evaluate(root, results) for root in roots]
     finally:
         results.clear()  # the chunk's result goes when the task ends, also when a write failed
 
