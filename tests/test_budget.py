@@ -64,9 +64,9 @@ def test_ndvi_1024_float32_four_threads_hand_computed():
     # (kernels._band_series: evaluate(out=)): 4 planes = 16.8 MB per task (expr.py counts 5 live arrays, the
     # quotient among them; budget.band_temporaries). On top, each task holds the loaded block (2 assets) and the
     # ndvi output series (1); 7 planes in all; each thread also keeps 2 files open (2 × OPEN_FILE_BYTES). No
-    # reduction, so this is the time-series path; each thread's finished (date, band) block waits to be written
-    # while the thread runs its next task: 4 blocks of 1 plane held (budget.held_between_tasks; budget_accuracy.py's
-    # two-thread rows).
+    # reduction, so this is the time-series path; with time whole and one band, each chunk's one write follows its
+    # band task on the same thread, so no finished block waits (budget.series_held; budget_accuracy.py rows 18 and
+    # 25).
     spec = _spec()
     plan = make_plan(spec, layout=_layout(spec))
     report = plan.report
@@ -77,14 +77,14 @@ def test_ndvi_1024_float32_four_threads_hand_computed():
     assert budget.pipeline_shape(spec).bands[0][1].live_arrays == 5
     assert report.worst_stage.planes == 2 + 1 + 4
     assert report.peak_task_bytes == 7 * plane
-    assert report.held_bytes == 4 * plane
+    assert report.held_bytes == 0
     assert report.open_files_bytes == 2 * budget.OPEN_FILE_BYTES
     assert report.concurrent_tasks == 4  # 64 chunks for 1 worker: every thread gets tasks
     # the largest task at its peak, the 3 others with their block (2 planes) and 0.6 of the rest (5 planes): their
     # series fill while they run, so 4 peaks do not coincide (budget.CONCURRENT_RAMP)
     others = 3 * int(2 * plane + budget.CONCURRENT_RAMP * 5 * plane)
     assert report.tasks_bytes == 7 * plane + others + report.held_bytes
-    assert report.peak_per_worker == 7 * plane + others + 4 * plane + 4 * 2 * budget.OPEN_FILE_BYTES \
+    assert report.peak_per_worker == 7 * plane + others + 4 * 2 * budget.OPEN_FILE_BYTES \
         + budget.WORKER_BASELINE_BYTES
     assert report.ok
 

@@ -162,15 +162,24 @@ def test_tree_mean_partials_two_planes_count_one():
 
 
 def test_series_holds_a_finished_block_while_it_is_written():
+    # time whole and one band: a chunk's one write follows its band task on the same thread, nothing waits
+    # (budget.series_held; budget_accuracy.py rows 18 and 25)
     report = budget.estimate(_shape(None), _inputs())
     assert report.path == "series"
     stages = {s.stage: s.bytes_per_task for s in report.stages}
-    held = ITEM + 16 * ONE
-    assert stages["bands out"] == held + 16 * ONE
-    assert stages["mask"] == held + 2 * ONE  # red and nir as working planes; scl's table mask has no plane
-    assert stages["band b0"] == held + 4 * ONE
-    assert report.held_bytes == 16 * ONE  # the (date, band) block of 1 band
-    assert report.tasks_bytes == held + 16 * ONE + 16 * ONE
+    load = ITEM + 16 * ONE
+    assert stages["bands out"] == load + 16 * ONE
+    assert stages["mask"] == load + 2 * ONE  # red and nir as working planes; scl's table mask has no plane
+    assert stages["band b0"] == load + 4 * ONE
+    assert report.held_bytes == 0
+    assert report.tasks_bytes == load + 16 * ONE
+    # two bands: the block waits for its second write while the next chunk's band task runs (row 20)
+    two = budget.estimate(_shape(None, bands=2), _inputs())
+    assert two.path == "series"
+    assert two.held_bytes == 2 * 16 * ONE
+    # time in chunks: the blocks of a chunk's time chunks wait for the chunk's writes
+    chunked = budget.estimate(_shape(None), _inputs(chunk_time=4))
+    assert chunked.held_bytes > 0
 
 
 def test_solar_day_sizes_series_by_passes_and_the_block_by_items(whole_chunks):
@@ -595,12 +604,14 @@ def test_held_blocks_are_those_of_the_tasks_after_the_running_ones():
     blocks of the third and fourth task (budget_accuracy.py row 25 was predicted 1.60x its measured peak when the
     largest block was counted for both threads)."""
     dates = 16
-    equal = budget.held_between_tasks(_shape(None), _inputs(threads_per_worker=2))
-    assert equal == 2 * dates * ONE
-    uneven = budget.held_between_tasks(_shape(None), _inputs(threads_per_worker=2, grid_shape=(1400, 1400)))
-    assert uneven == dates * 4 * (376 * 1024 + 376 * 376)
-    one_thread = budget.held_between_tasks(_shape(None), _inputs(grid_shape=(1400, 1400)))
-    assert one_thread == dates * 4 * 376 * 1024  # the second largest task's block, while the largest runs
+    two = _shape(None, bands=2)  # two bands: a block waits for its second write (one band holds none)
+    equal = budget.held_between_tasks(two, _inputs(threads_per_worker=2))
+    assert equal == 2 * 2 * dates * ONE
+    uneven = budget.held_between_tasks(two, _inputs(threads_per_worker=2, grid_shape=(1400, 1400)))
+    assert uneven == 2 * dates * 4 * (376 * 1024 + 376 * 376)
+    one_thread = budget.held_between_tasks(two, _inputs(grid_shape=(1400, 1400)))
+    assert one_thread == 2 * dates * 4 * 376 * 1024  # the second largest task's block, while the largest runs
     # fewer tasks than threads x 2: only the tasks that exist can be held
-    single = budget.held_between_tasks(_shape(None), _inputs(threads_per_worker=2, grid_shape=(1024, 1024)))
+    single = budget.held_between_tasks(two, _inputs(threads_per_worker=2, grid_shape=(1024, 1024)))
     assert single == 0
+    assert budget.held_between_tasks(_shape(None), _inputs(threads_per_worker=2)) == 0

@@ -549,8 +549,16 @@ def tree_held(shape: PipelineShape, inputs: BudgetInputs) -> int:
 
 
 def series_held(shape: PipelineShape, inputs: BudgetInputs) -> int:
-    """Finished band blocks waiting to be written."""
+    """Finished band blocks waiting to be written: none with time whole and one band, where a chunk's one band task
+    is followed by its one write on the same thread before the thread's next band task (the write stage counts the
+    block)."""
     running = concurrent_tasks(shape, inputs)
+    if inputs.n_time_chunks <= 1 and len(shape.bands) == 1:
+        # measured 2026-12-06 (budget_accuracy.py, time whole, one band): 279-282 MB where a held block predicted
+        # 346 MB (row 18, 1.23), a 1400² grid of four uneven chunks on two threads 269 MB against 349 MB (row 25,
+        # 1.30), solar_day 249 MB (row 33). With two bands (two writes of the block) the next chunk's band task ran
+        # between them: row 20 measured 319 MB, 0.77 of the projection without a held block
+        return 0
     # the writer's unit is a spatial chunk (every date of it): the blocks of all its time chunks wait for their
     # writes, queued behind its band tasks (2 threads, 4 time chunks of 1024²: 271 MB measured where one held block
     # per thread predicted 242 MB, 0.89, budget_accuracy.py row 19, 2026-12-06); at most two per thread (what was
