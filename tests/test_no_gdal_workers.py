@@ -283,3 +283,19 @@ def test_the_block_cache_size_waits_for_rasterios_first_import():
     """)
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr
+
+
+def test_the_budget_counts_no_gdal_in_workers_that_never_load_it(sample, tmp_path):
+    """A plan whose files are all decoded by rasterflow (the sample: local tiled ZSTD COGs on the grid) counts the
+    worker baseline without GDAL; a warped read (another resolution) or one process counts it whole."""
+    from rasterflow import api, budget
+
+    spec = tmp_path / "b.yaml"
+    spec.write_text(spec_text(sample, reduce="{method: median}",
+                              cluster="{n_workers: 2, threads_per_worker: 1, memory_limit: 2GB, processes: true}"))
+    assert api.plan(str(spec)).report.baseline_bytes == budget.WORKER_BASELINE_BYTES - budget.GDAL_LIBRARY_BYTES
+    warped = spec_text(sample, reduce="{method: median}",
+                       cluster="{n_workers: 2, threads_per_worker: 1, memory_limit: 2GB, processes: true}")
+    warped = warped.replace("  resolution: 10\n", "  resolution: 20\n")
+    (tmp_path / "w.yaml").write_text(warped)
+    assert api.plan(str(tmp_path / "w.yaml")).report.baseline_bytes == budget.WORKER_BASELINE_BYTES
