@@ -126,6 +126,8 @@ class Measurement:
     stderr: str
     info: dict = field(default_factory=dict)
     """The last JSON line the process printed (``{...}``), if any."""
+    worker_peaks: dict = field(default_factory=dict)
+    """pid -> peak RSS of each worker process (multiprocessing's spawned children) seen while sampling."""
 
 
 def measure(cmd: list[str], *, env: dict | None = None, interval: float = 0.05, timeout: float = 900) -> Measurement:
@@ -140,6 +142,7 @@ def measure(cmd: list[str], *, env: dict | None = None, interval: float = 0.05, 
                             env={**os.environ, **(env or {})})
     root = psutil.Process(proc.pid)
     peak = 0
+    workers: dict[int, int] = {}
     done = threading.Event()
 
     def sampler() -> None:
@@ -147,6 +150,12 @@ def measure(cmd: list[str], *, env: dict | None = None, interval: float = 0.05, 
         while not done.is_set():
             try:
                 peak = max(peak, _tree_rss(root))
+                for child in root.children(recursive=True):
+                    try:
+                        if "spawn_main" in " ".join(child.cmdline()):
+                            workers[child.pid] = max(workers.get(child.pid, 0), child.memory_info().rss)
+                    except (psutil.NoSuchProcess, psutil.AccessDenied):
+                        pass
             except psutil.NoSuchProcess:
                 return
             done.wait(interval)
@@ -163,7 +172,7 @@ def measure(cmd: list[str], *, env: dict | None = None, interval: float = 0.05, 
     for line in stdout.splitlines():
         if line.startswith("{") and line.endswith("}"):
             info = json.loads(line)
-    return Measurement(wall, peak, proc.returncode, stdout, stderr, info)
+    return Measurement(wall, peak, proc.returncode, stdout, stderr, info, dict(workers))
 
 
 def check(m: Measurement, what: str) -> Measurement:

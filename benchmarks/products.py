@@ -16,7 +16,8 @@ chunk layout moves values within the tolerance).
 
     .venv/bin/python benchmarks/products.py geomedian --size 4096 --dates 24
 
-Targets: <= 0.75x odc-algo's wall and <= 0.25x its peak RSS.
+Targets: <= 0.75x odc-algo's wall and <= 0.25x its peak RSS. ``--no-peer``: rasterflow alone (odc-algo not
+installed); the peak RSS of each worker process is printed beside the tree's.
 
 (c) the whole tile x a season, rasterflow alone beside the 4096² x 24 run:
 
@@ -95,6 +96,13 @@ def geomedian(args: argparse.Namespace) -> None:
     folder = DATA / f"geomedian-{args.size}x{args.dates}"
     spec = _geomedian_spec(catalog, folder)
     rf = check(measure([RASTERFLOW, "run", str(spec)]), "rasterflow geomedian")
+    per_worker = ", ".join(gb(peak) for peak in sorted(rf.worker_peaks.values(), reverse=True)) or "(one process)"
+    if args.no_peer:
+        print(f"\ngeomedian + MADs, {args.size}² x {args.dates} dates x 4 bands, 2 workers x 1 thread, rasterflow "
+              f"alone\n")
+        print(table([["rasterflow", f"{rf.wall:.1f} s", gb(rf.peak_rss), per_worker]],
+                    ["variant", "wall", "peak RSS (tree)", "peak RSS per worker"]))
+        return None
     peer_out = folder / "odc.zarr"
     minx, miny, maxx, maxy = catalog.bounds
     peer = check(measure([PYTHON, str(HERE / "peers" / "odc_algo_geomedian.py"), str(catalog.items_json),
@@ -108,10 +116,11 @@ def geomedian(args: argparse.Namespace) -> None:
             b = b.squeeze() if b.ndim > 2 else b
             same = np.isclose(a, b, rtol=0, atol=1e-3, equal_nan=True)
             verdicts[name] = f"{same.mean() * 100:.2f}% within 1e-3, {np.mean(a == b) * 100:.1f}% identical"
-    rows = [["rasterflow", f"{rf.wall:.1f} s", gb(rf.peak_rss)], ["odc-stac + odc-algo", f"{peer.wall:.1f} s",
-                                                                   gb(peer.peak_rss)]]
+    rows = [["rasterflow", f"{rf.wall:.1f} s", gb(rf.peak_rss), per_worker],
+            ["odc-stac + odc-algo", f"{peer.wall:.1f} s", gb(peer.peak_rss),
+             ", ".join(gb(peak) for peak in sorted(peer.worker_peaks.values(), reverse=True)) or "-"]]
     print(f"\ngeomedian + MADs, {args.size}² x {args.dates} dates x 4 bands, 2 workers x 1 thread, one run each\n")
-    print(table(rows, ["variant", "wall", "peak RSS (tree)"]))
+    print(table(rows, ["variant", "wall", "peak RSS (tree)", "peak RSS per worker"]))
     print(f"\nrasterflow / odc-algo: wall {rf.wall / peer.wall:.2f}x (target <= 0.75x), peak "
           f"{rf.peak_rss / peer.peak_rss:.2f}x (target <= 0.25x)")
     print("results: " + "; ".join(f"{k} {v}" for k, v in verdicts.items()))
@@ -178,6 +187,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--season", action="store_true",
                         help="geomedian (c): rasterflow alone at --size/--dates beside the 4096² x 24 run")
+    parser.add_argument("--no-peer", action="store_true",
+                        help="geomedian (b): rasterflow alone (odc-algo not installed; the peer's numbers in "
+                             "benchmarks/README.md stand)")
     args = parser.parse_args()
     (statistics_part if args.part == "statistics" else geomedian)(args)
 

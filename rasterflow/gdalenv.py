@@ -17,13 +17,19 @@ as GDAL and boto users expect: ``AWS_PROFILE``, ``AWS_REGION`` / ``AWS_DEFAULT_R
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
-from collections.abc import Iterable, Mapping
+import sys
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import ModuleType
 from urllib.parse import urlsplit
 
 __all__ = [
     "REMOTE_READ_DEFAULTS", "VSI_CACHE_SIZE", "CURL_CACHE_SIZE", "remote_read_options", "process_env",
     "aws_endpoint_options", "allowed_extensions", "AWS_ENV_NAMES", "aws_env_summary", "PROCESS_KEYS",
+    "when_gdal_loads", "BlockCache", "gdal_loaded",
 ]
 
 VSI_CACHE_SIZE = 1_000_000
@@ -123,3 +129,114 @@ def aws_env_summary(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     ``"(set)"`` for credentials."""
     env = os.environ if environ is None else environ
     return {name: ("(set)" if name in _AWS_SECRETS else env[name]) for name in AWS_ENV_NAMES if name in env}
+
+
+# ---- settings applied when GDAL loads -----------------------------------------------------------------------------
+#
+# A worker that reads only files rasterflow decodes itself (local tiled COGs, remote COGs through the concurrent
+# reader) never imports rasterio, so it never loads GDAL (~30-45 MB of RSS, plus its block cache). What must be set
+# in GDAL (its block cache size) is set when rasterio is first imported in the process, not by importing it.
+
+_PENDING: list[Callable[[], None]] = []
+_PENDING_LOCK = threading.RLock()
+
+
+def gdal_loaded() -> bool:
+    """Whether rasterio (and so GDAL) is imported in this process."""
+    return "rasterio" in sys.modules
+
+
+class _RasterioWatch(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps the loader of the ``rasterio`` package so that the callbacks of
+    :func:`when_gdal_loads` run once its import has finished."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "rasterio":
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        exec_module = getattr(loader, "exec_module", None)
+        if loader is None or exec_module is None:
+            return spec
+
+        def run_then_apply(module: ModuleType) -> None:
+            exec_module(module)
+            _run_pending()
+
+        loader.exec_module = run_then_apply  # type: ignore[method-assign]  # this spec's own loader instance
+        return spec
+
+
+_WATCH = _RasterioWatch()
+
+
+def _run_pending() -> None:
+    with _PENDING_LOCK:
+        callbacks = list(_PENDING)
+        _PENDING.clear()
+        if _WATCH in sys.meta_path:
+            sys.meta_path.remove(_WATCH)
+    for callback in callbacks:
+        callback()
+
+
+def when_gdal_loads(callback: Callable[[], None]) -> None:
+    """Run ``callback`` now when rasterio is imported in this process, else right after its first import (an
+    import hook: no import here)."""
+    with _PENDING_LOCK:
+        if not gdal_loaded():
+            _PENDING.append(callback)
+            if _WATCH not in sys.meta_path:
+                sys.meta_path.insert(0, _WATCH)
+            return
+    callback()
+
+
+def _cancel(callback: Callable[[], None]) -> bool:
+    """Drop ``callback`` if it has not run yet; whether it was pending."""
+    with _PENDING_LOCK:
+        if callback in _PENDING:
+            _PENDING.remove(callback)
+            if not _PENDING and _WATCH in sys.meta_path:
+                sys.meta_path.remove(_WATCH)
+            return True
+    return False
+
+
+class BlockCache:
+    """GDAL's block cache of this process set to ``nbytes`` (``GDALSetCacheMax64`` through
+    ``rasterio.env.set_gdal_config``, which takes effect even when GDAL has started): at once when rasterio is
+    imported, else when it is first imported (:func:`when_gdal_loads`; a process that never loads GDAL has no block
+    cache to size). :meth:`restore` puts the size it replaced back."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = int(nbytes)
+        self.previous: int | None = None
+        """GDAL's size before :meth:`apply` took effect (None: not yet)."""
+
+    def apply(self) -> None:
+        when_gdal_loads(self._set)
+
+    def _set(self) -> None:
+        import rasterio.env
+
+        self.previous = int(rasterio.env.get_gdal_config("GDAL_CACHEMAX"))
+        rasterio.env.set_gdal_config("GDAL_CACHEMAX", self.nbytes)
+
+    def restore(self) -> None:
+        """Put GDAL's previous size back, unless something else changed it since; nothing when GDAL never loaded."""
+        if _cancel(self._set) or self.previous is None:
+            return
+        import rasterio.env
+
+        if int(rasterio.env.get_gdal_config("GDAL_CACHEMAX")) == self.nbytes:
+            rasterio.env.set_gdal_config("GDAL_CACHEMAX", self.previous)
+        self.previous = None

@@ -395,17 +395,27 @@ def test_plan_says_what_was_applied_per_asset(sample, tmp_path):
     assert payload["assets"]["scl"]["load_dtype"] == "uint8"
 
 
-def test_reader_caches_open_files_per_thread(sample, tmp_path):
+def test_reader_caches_open_files_per_thread(sample, tmp_path, monkeypatch):
+    """Files read through GDAL (here every one: RASTERFLOW_TILE_DECODER=gdal) are opened once per thread; with the
+    tile decoder, local tiled COGs are not opened by GDAL at all."""
     from rasterflow.read import datasets, read_planes
+    from rasterflow.read.tiles import ENV_SWITCH
     from rasterflow import graph
 
     plan = _plan(_spec(sample, tmp_path))
-    datasets.clear_cache()
     job = graph.read_jobs(plan, slice(0, len(plan.items)), (0, 64), (0, 64))
-    read_planes(job, (0, 64), (0, 64))
+    datasets.clear_cache()
+    decoded = read_planes(job, (0, 64), (0, 64))
+    assert datasets.open_count() == 0
+    monkeypatch.setenv(ENV_SWITCH, "gdal")
+    through_gdal = read_planes(job, (0, 64), (0, 64))
+    for ours, gdals in zip(decoded.raw, through_gdal.raw):
+        np.testing.assert_array_equal(ours, gdals)
+    np.testing.assert_array_equal(decoded.nodata, through_gdal.nodata)
     opened = datasets.open_count()
     read_planes(job, (0, 64), (64, 128))
     assert opened == datasets.open_count() == len(plan.items) * len(plan.sources.assets)
+    datasets.clear_cache()
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 

@@ -8,6 +8,7 @@ import math
 from rasterflow.budget.constants import (
     CONCURRENT_RAMP,
     DASK_ARRAY_WORKER_BYTES,
+    GDAL_LIBRARY_BYTES,
     LOCAL_FILE_BYTES,
     LOCAL_FILE_BYTES_BY_CODEC,
     MAX_OPEN_PER_THREAD,
@@ -37,8 +38,18 @@ from rasterflow.budget.paths import (
 def baseline_bytes(inputs: BudgetInputs) -> int:
     """The process memory a worker holds apart from its tasks, open files and GDAL cache: the worker baseline, plus,
     when the run is one process, ``dask.array``, xarray and pandas (its client builds the Dataset) and the client's
-    and the scheduler's own memory."""
-    return WORKER_BASELINE_BYTES + ((DASK_ARRAY_WORKER_BYTES + ONE_PROCESS_EXTRA_BYTES) if inputs.one_process else 0)
+    and the scheduler's own memory; without GDAL (:data:`GDAL_LIBRARY_BYTES`) in a worker process whose every read
+    rasterflow decodes itself (:func:`without_gdal`)."""
+    if inputs.one_process:
+        return WORKER_BASELINE_BYTES + DASK_ARRAY_WORKER_BYTES + ONE_PROCESS_EXTRA_BYTES
+    return WORKER_BASELINE_BYTES - (GDAL_LIBRARY_BYTES if without_gdal(inputs) else 0)
+
+
+def without_gdal(inputs: BudgetInputs) -> bool:
+    """Whether the worker processes never import rasterio: every read is decoded by rasterflow itself (local tiled
+    COGs, remote COGs through the concurrent reader), none is warped. A one-process run's worker is the client's
+    process, which plans with rasterio."""
+    return inputs.tile_decoder and not inputs.warped and not inputs.one_process
 
 
 def open_file_bytes(inputs: BudgetInputs) -> int:

@@ -37,6 +37,8 @@ from rasterflow.units import format_bytes
 if TYPE_CHECKING:  # pragma: no cover
     from distributed import Client, LocalCluster
 
+    from rasterflow.gdalenv import BlockCache
+
 __all__ = ["ClusterHandle", "open_cluster"]
 
 log = logging.getLogger(__name__)
@@ -124,29 +126,29 @@ def _start_local(settings: ClusterSettings, layout: WorkerLayout) -> tuple[Local
     return cluster, client
 
 
-def _start_in_process(settings: ClusterSettings, layout: WorkerLayout) -> tuple[LocalCluster, Client, int]:
+def _start_in_process(settings: ClusterSettings, layout: WorkerLayout) -> tuple[LocalCluster, Client, BlockCache]:
     """One worker in this process (``LocalCluster(processes=False)``): its threads run the tasks, beside the client
     and the scheduler; no worker process, no second interpreter, no per-worker imports. Returns the cluster, the
-    client and GDAL's previous block cache size (put back by :func:`open_cluster`).
+    client and GDAL's block cache setting (its previous size put back by :func:`open_cluster`).
 
     What a worker process gets at spawn is set here in this process instead: GDAL's block cache (``GDAL_CACHEMAX``
-    through ``GDALSetCacheMax64``, which takes effect even when GDAL has started), the per-process GDAL settings
+    through ``GDALSetCacheMax64``, which takes effect even when GDAL has started; when this process first imports
+    rasterio if it has not: :class:`~rasterflow.gdalenv.BlockCache`), the per-process GDAL settings
     (unless set; the read policy plugin does the same) and the memory thresholds in the worker's Dask config (the
     worker's memory monitor measures this process, so ``memory_limit`` is the process's limit; there is no nanny,
     so the ``terminate`` threshold does not apply). No dashboard is started. The worker preload ``rasterflow.workerinit`` is *not* run: this
     process's signals and output are the run's own (the user's configured preloads still are).
     """
     import dask
-    import rasterio.env
     from distributed import Client, LocalCluster
 
-    from rasterflow.gdalenv import process_env
+    from rasterflow.gdalenv import BlockCache, process_env
 
     check_lz4()
     for key, value in process_env().items():
         os.environ.setdefault(key, value)
-    previous_cache = int(rasterio.env.get_gdal_config("GDAL_CACHEMAX"))
-    rasterio.env.set_gdal_config("GDAL_CACHEMAX", int(settings.gdal_cachemax))
+    block_cache = BlockCache(int(settings.gdal_cachemax))
+    block_cache.apply()
     cluster = None
     try:
         # No statistical profiler: every 10 ms it calls sys._current_frames() on the worker's event loop, which
@@ -171,12 +173,12 @@ def _start_in_process(settings: ClusterSettings, layout: WorkerLayout) -> tuple[
     except Exception as exc:
         if cluster is not None:
             cluster.close()
-        rasterio.env.set_gdal_config("GDAL_CACHEMAX", previous_cache)
+        block_cache.restore()
         raise ClusterError(
             f"could not start a worker of {layout.threads_per_worker} thread(s) with "
             f"{format_bytes(layout.memory_limit)} in this process: {type(exc).__name__}: {exc}"
         ) from exc
-    return cluster, client, previous_cache
+    return cluster, client, block_cache
 
 
 def _check_worker_versions(client: Client, address: str) -> None:
@@ -264,12 +266,10 @@ def open_cluster(settings: ClusterSettings, layout: WorkerLayout) -> Iterator[Cl
         return
 
     if not layout.processes:
-        cluster, client, previous_cache = _start_in_process(settings, layout)
+        cluster, client, block_cache = _start_in_process(settings, layout)
 
         def restore() -> None:
-            import rasterio.env
-
-            rasterio.env.set_gdal_config("GDAL_CACHEMAX", previous_cache)
+            block_cache.restore()
     else:
         main_guard = main_not_rerun()
         main_guard.__enter__()

@@ -29,10 +29,12 @@ import numpy as np
 from rasterflow.errors import SourceMismatchError, SourceReadError
 from rasterflow.kernels import ItemStream, Planes
 from rasterflow.read import prefetch
-from rasterflow.read.datasets import GDAL_OPEN_OPTIONS, failure_error, forget, open_source, reason, warped_source
+from rasterflow.read.cogheader import is_local_path, local_header
+from rasterflow.read.datasets import GDAL_OPEN_OPTIONS, check_facts, failure_error, forget, open_source, reason, \
+    warped_source
 from rasterflow.read.policy import ReadPolicy, current_policy, failed_before, record_failure, record_retry
 from rasterflow.read.remote import Failure, ReadFailedError, classify, is_remote, vsi_path
-from rasterflow.read.tiles import TileIndex, read_window, tile_index
+from rasterflow.read.tiles import TileIndex, decoder_available, read_window, tile_index
 from rasterflow.retry import retrying
 from rasterflow.sources import AssetRead, AssetSource, FileHeader, compression_name, grid_offset
 
@@ -42,7 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from rasterflow.planning import GridPlan
 
-__all__ = ["ReadJob", "read_planes", "item_stream", "gdal_env", "read_asset", "read_header", "header_reader", "GDAL_OPEN_OPTIONS"]
+__all__ = ["ReadJob", "read_planes", "item_stream", "gdal_env", "enter_gdal", "gdal_entered", "read_asset", "read_header", "header_reader", "GDAL_OPEN_OPTIONS"]
 
 
 _TOKEN_PREFIX = uuid.uuid4().hex
@@ -137,7 +139,11 @@ _env_state = threading.local()
 @contextlib.contextmanager
 def gdal_env(policy: ReadPolicy | None = None) -> Iterator[None]:
     """The run's GDAL options (:meth:`~rasterflow.read.policy.ReadPolicy.gdal_options`) around reads; nested uses
-    enter nothing, so a task enters it once for all its items (:func:`item_stream`'s reads), not once per item."""
+    enter nothing, so a task enters it once for all its items (:func:`item_stream`'s reads), not once per item.
+
+    Lazy: the ``rasterio.Env`` is entered by the first read inside it that goes through GDAL (:func:`enter_gdal`),
+    and left when the outermost ``gdal_env`` ends. A task whose files are all decoded by rasterflow itself (local
+    tiled COGs, :func:`_read_local`; remote ones, :mod:`rasterflow.read.prefetch`) never imports rasterio."""
     if getattr(_env_state, "depth", 0):
         _env_state.depth += 1
         try:
@@ -145,14 +151,31 @@ def gdal_env(policy: ReadPolicy | None = None) -> Iterator[None]:
         finally:
             _env_state.depth -= 1
         return
+    _env_state.depth, _env_state.policy, _env_state.entered = 1, policy, None
+    try:
+        yield
+    finally:
+        entered = _env_state.entered
+        _env_state.depth, _env_state.policy, _env_state.entered = 0, None, None
+        if entered is not None:
+            entered.close()
+
+
+def enter_gdal() -> None:
+    """Enter the GDAL options of the enclosing :func:`gdal_env` in this thread, if it has not entered them yet (no
+    enclosing ``gdal_env``: nothing). Called before anything GDAL does for a read."""
+    if not getattr(_env_state, "depth", 0) or getattr(_env_state, "entered", None) is not None:
+        return
     import rasterio
 
-    with rasterio.Env(**(policy or current_policy()).gdal_options()):
-        _env_state.depth = 1
-        try:
-            yield
-        finally:
-            _env_state.depth = 0
+    stack = contextlib.ExitStack()
+    stack.enter_context(rasterio.Env(**(_env_state.policy or current_policy()).gdal_options()))
+    _env_state.entered = stack
+
+
+def gdal_entered() -> bool:
+    """Whether this thread's :func:`gdal_env` has entered rasterio's ``Env`` (a read went through GDAL)."""
+    return getattr(_env_state, "entered", None) is not None
 
 
 def _read_into(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], planes: Planes) -> None:
@@ -169,6 +192,8 @@ def _read_into(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], plane
             fill = job.assets[a].fill
             try:
                 handled, file_nodata = _read_prefetched(read, rows, cols, raw[a][t], plane_covered, policy)
+                if not handled:
+                    handled, file_nodata = _read_local(read, job.grid, rows, cols, raw[a][t], plane_covered, policy)
                 if handled:
                     if read.nodata is None and file_nodata is not None:
                         nodata[t, a] = file_nodata
@@ -207,6 +232,53 @@ def _read_prefetched(read: AssetRead, rows: tuple[int, int], cols: tuple[int, in
         raise ReadFailedError(earlier["error"], href=read.href, status=earlier["status"], transient=False,
                               attempts=earlier["attempts"])
     return session.read(read, rows, cols, out, covered)
+
+
+def _read_local(read: AssetRead, grid: GridPlan, rows: tuple[int, int], cols: tuple[int, int], out: npt.NDArray[Any],
+                covered: npt.NDArray[np.bool_] | None, policy: ReadPolicy) -> tuple[bool, float | None]:
+    """Read a local tiled COG on the output grid without GDAL: its header parsed by tifffile
+    (:func:`~rasterflow.read.cogheader.local_header`, once per file and process), checked against the item's
+    metadata as an open checks it, its tiles decoded by :mod:`rasterflow.read.tiles`: ``(True, the file's
+    nodata)``. ``(False, None)`` where GDAL reads it (:func:`read_asset`): a remote or ``/vsi`` href, a file the
+    header says needs GDAL (see :func:`~rasterflow.read.cogheader.parse_local`), a grid that needs warping, a
+    window with a sparse tile, a file that cannot be opened or a tile that does not decode (GDAL then reads it,
+    or names the failure as it always has). The values are GDAL's bit for bit (tests/test_tiles.py)."""
+    href = read.href
+    if not is_local_path(href) or not decoder_available() or failed_before(policy, href) is not None:
+        return False, None
+    try:
+        header = local_header(href)
+    except OSError:
+        return False, None
+    facts, index = header.facts, header.index
+    if facts is None or index is None:
+        return False, None
+    check_facts(read, count=facts.count, dtype=facts.dtype, crs=facts.crs, height=facts.height,
+                width=facts.width, transform=facts.transform)
+    direct = grid_offset(facts.crs, facts.transform, grid)
+    if direct is None:
+        return False, None
+    row_off, col_off = direct
+    r0, r1 = max(rows[0], row_off), min(rows[1], row_off + facts.height)
+    c0, c1 = max(cols[0], col_off), min(cols[1], col_off + facts.width)
+    if r0 >= r1 or c0 >= c1:
+        return True, facts.nodata
+    target = out[r0 - rows[0]:r1 - rows[0], c0 - cols[0]:c1 - cols[0]]
+    try:
+        if target.dtype == index.dtype:
+            done = read_window(index, r0 - row_off, c0 - col_off, target)
+        else:  # GDAL's path reads the file's type and casts with NumPy: the same here
+            values = np.empty(target.shape, dtype=index.dtype)
+            done = read_window(index, r0 - row_off, c0 - col_off, values)
+            if done:
+                target[...] = values
+    except Exception:
+        return False, None
+    if not done:
+        return False, None
+    if covered is not None:
+        covered[r0 - rows[0]:r1 - rows[0], c0 - cols[0]:c1 - cols[0]] = True
+    return True, facts.nodata
 
 
 def item_stream(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int]) -> ItemStream:
@@ -256,6 +328,7 @@ def read_asset(read: AssetRead, grid: GridPlan, resampling: str, fill: float | N
     open of the file; the error that ends the tries says how many were made.
     """
     policy = policy or current_policy()
+    enter_gdal()
     earlier = failed_before(policy, read.href)
     if earlier is not None:
         # failed for good in an earlier window of this run: the same answer at once, without hammering the

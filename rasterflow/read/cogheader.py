@@ -1,5 +1,7 @@
-"""A remote COG's header, parsed once per file and process from its first bytes: the tile index, the data type, the
-grid (CRS and transform from the GeoTIFF keys) and the nodata value.
+"""A COG's header, parsed once per file and process from its first bytes: the tile index, the data type, the grid
+(CRS and transform from the GeoTIFF keys) and the nodata value. Remote files: :func:`parse_header`, from the bytes
+of a range request; local files: :func:`parse_local`, from the file (no GDAL: a worker that reads only local tiled
+COGs never loads rasterio).
 
 A COG keeps its IFDs and tile arrays at the front, so one request of :data:`HEADER_BYTES` usually holds everything
 tifffile needs; a header that runs past it is read on in blocks (one more request each). What tifffile cannot
@@ -9,7 +11,10 @@ pixel-is-point grid) gets ``index`` None: GDAL reads that file, as before.
 
 from __future__ import annotations
 
+import collections
 import io
+import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -20,7 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from _typeshed import WriteableBuffer
     from tifffile import TiffFile, TiffPage
 
-__all__ = ["HEADER_BYTES", "RemoteTiff", "parse_header", "FileFacts"]
+__all__ = ["HEADER_BYTES", "RemoteTiff", "parse_header", "FileFacts", "parse_local", "local_header", "is_local_path",
+           "clear_local_headers", "MAX_LOCAL_HEADERS"]
 
 HEADER_BYTES = 64 * 1024
 """Bytes of the first request to a file: a COG's header (IFDs, tile offsets and byte counts of every level) for
@@ -185,3 +191,73 @@ def _georeference(tif: TiffFile, page: TiffPage) -> tuple[str | None, tuple[floa
     sx, sy = float(scale[0]), float(scale[1])
     i, j, x, y = float(tiepoint[0]), float(tiepoint[1]), float(tiepoint[3]), float(tiepoint[4])
     return crs, (sx, 0.0, x - i * sx, 0.0, -sy, y + j * sy)
+
+
+# ---- local files ------------------------------------------------------------------------------------------------
+
+MAX_LOCAL_HEADERS = 4096
+"""Parsed local headers one process keeps (least recently used dropped first; ~10 KB each, see
+:data:`rasterflow.read.prefetch.MAX_HEADERS`)."""
+
+_LOCAL: collections.OrderedDict[tuple[str, int, int, int], RemoteTiff] = collections.OrderedDict()
+"""``(path, inode, size, mtime_ns)`` -> header: a file replaced or rewritten is parsed again, never decoded with
+its old tile index."""
+_LOCAL_LOCK = threading.Lock()
+
+
+def is_local_path(href: str) -> bool:
+    """Whether ``href`` is a plain file path (no URL scheme, no GDAL ``/vsi`` path): what :func:`parse_local` reads."""
+    return bool(href) and "://" not in href and not href.startswith("/vsi")
+
+
+def parse_local(path: str) -> RemoteTiff:
+    """The :class:`RemoteTiff` of the local file ``path``, parsed by tifffile from the file (no GDAL).
+
+    ``index`` is None (GDAL reads the file, as before) where tifffile cannot place the pixels bit for bit as GDAL
+    reads them (see the module docstring) and where a side-car file could change what GDAL says of it (a
+    ``.aux.xml`` can carry a nodata value or a georeference that override the TIFF's). A file that cannot be
+    opened raises ``OSError`` (GDAL then opens it and names the failure); one tifffile cannot parse gives ``facts``
+    None."""
+    import tifffile
+
+    size = os.path.getsize(path)
+    try:
+        with tifffile.TiffFile(path) as tif:
+            page = tif.pages.first
+            facts = _facts(tif, page)
+            index = page_index(tif, path)
+    except OSError:
+        raise
+    except Exception as err:
+        return RemoteTiff(href=path, size=size, facts=None, index=None, why_gdal=f"tifffile: {err}")
+    why = ""
+    if index is None:
+        why = "not a tiled image with a lossless codec rasterflow decodes"
+    elif facts.crs is None or facts.transform is None:
+        why, index = "no EPSG CRS or north-up transform in its GeoTIFF keys", None
+    elif os.path.exists(path + ".aux.xml"):
+        why, index = "a .aux.xml side-car file (GDAL reads its metadata)", None
+    return RemoteTiff(href=path, size=size, facts=facts, index=index, why_gdal=why)
+
+
+def local_header(path: str) -> RemoteTiff:
+    """:func:`parse_local` of ``path``, once per file (and version of it) and process."""
+    stat = os.stat(path)
+    key = (path, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    with _LOCAL_LOCK:
+        known = _LOCAL.get(key)
+        if known is not None:
+            _LOCAL.move_to_end(key)
+            return known
+    parsed = parse_local(path)
+    with _LOCAL_LOCK:
+        _LOCAL[key] = parsed
+        while len(_LOCAL) > MAX_LOCAL_HEADERS:
+            _LOCAL.popitem(last=False)
+    return parsed
+
+
+def clear_local_headers() -> None:
+    """Forget every parsed local header of this process (tests)."""
+    with _LOCAL_LOCK:
+        _LOCAL.clear()

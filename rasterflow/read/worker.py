@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from distributed import WorkerPlugin
 
-from rasterflow.gdalenv import process_env
+from rasterflow.gdalenv import BlockCache, process_env
 
 if TYPE_CHECKING:  # pragma: no cover
     from distributed import Worker
@@ -42,22 +42,22 @@ class GdalCachePlugin(WorkerPlugin):
     GDAL reads ``GDAL_CACHEMAX`` from the environment only once, but its cache size can be changed at any time
     (``rasterio.env.set_gdal_config("GDAL_CACHEMAX", n)`` calls ``GDALSetCacheMax64``): the spec's
     ``cluster.gdal_cachemax`` is what the budget check counted per worker, so it is what each worker gets, as on a
-    LocalCluster. ``teardown`` puts the worker's previous size back (the cluster outlives the run). GDAL's cache is
-    per process: two runs with different sizes on one cluster at the same time get the later one's.
+    LocalCluster. A worker that has not imported rasterio gets it when it first does
+    (:class:`~rasterflow.gdalenv.BlockCache`): registering the plugin loads no GDAL, so a worker that reads only
+    files rasterflow decodes itself never does. ``teardown`` puts the worker's previous size back (the cluster
+    outlives the run). GDAL's cache is per process: two runs with different sizes on one cluster at the same time
+    get the later one's.
     """
 
     def __init__(self, nbytes: int):
         self.nbytes = int(nbytes)
-        self.previous: int | None = None
+        self.cache: BlockCache | None = None
 
     def setup(self, worker: Worker) -> None:
-        import rasterio.env
-
-        self.previous = int(rasterio.env.get_gdal_config("GDAL_CACHEMAX"))
-        rasterio.env.set_gdal_config("GDAL_CACHEMAX", self.nbytes)
+        self.cache = BlockCache(self.nbytes)
+        self.cache.apply()
 
     def teardown(self, worker: Worker) -> None:
-        import rasterio.env
-
-        if self.previous is not None and int(rasterio.env.get_gdal_config("GDAL_CACHEMAX")) == self.nbytes:
-            rasterio.env.set_gdal_config("GDAL_CACHEMAX", self.previous)
+        if self.cache is not None:
+            self.cache.restore()
+            self.cache = None
