@@ -299,3 +299,13 @@ def test_the_budget_counts_no_gdal_in_workers_that_never_load_it(sample, tmp_pat
     warped = warped.replace("  resolution: 10\n", "  resolution: 20\n")
     (tmp_path / "w.yaml").write_text(warped)
     assert api.plan(str(tmp_path / "w.yaml")).report.baseline_bytes == budget.WORKER_BASELINE_BYTES
+    # an area of interest: its windows are masked with rasterio's geometry_mask, so GDAL is in the workers again
+    west, south, east, north = sample.bbox_wgs84
+    triangle = json.dumps({"type": "Polygon", "coordinates": [[[west, south], [east, south], [west, north],
+                                                               [west, south]]]})
+    clipped = spec_text(sample, reduce="{method: median}",
+                        cluster="{n_workers: 2, threads_per_worker: 1, memory_limit: 2GB, processes: true}")
+    clipped = "\n".join(line for line in clipped.splitlines() if not line.startswith("    bbox:"))
+    clipped = clipped.replace("    datetime:", f"    intersects: {triangle}\n    datetime:")
+    (tmp_path / "a.yaml").write_text(clipped + "\n")
+    assert api.plan(str(tmp_path / "a.yaml")).report.baseline_bytes == budget.WORKER_BASELINE_BYTES

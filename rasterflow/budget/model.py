@@ -217,6 +217,9 @@ class BudgetInputs:
     tile_decoder: bool = False
     """Local files of the sources' codec and tiling are decoded by :mod:`rasterflow.read.tiles`, not GDAL
     (:data:`TILE_DECODED_FILE_BYTES` per open local file)."""
+    aoi_mask: bool = False
+    """An area of interest (``source.stac.intersects``) masks the tasks' windows with rasterio's ``geometry_mask``
+    (:func:`rasterflow.aoi.outside`): the worker imports GDAL even when every read is decoded by rasterflow."""
     warped: bool = False
     """Some source is read through a warp (another CRS or resolution than the grid): GDAL's cache then holds the
     warped blocks beside the source blocks they come from, and fills to ``gdal_cachemax``."""

@@ -47,9 +47,10 @@ def baseline_bytes(inputs: BudgetInputs) -> int:
 
 def without_gdal(inputs: BudgetInputs) -> bool:
     """Whether the worker processes never import rasterio: every read is decoded by rasterflow itself (local tiled
-    COGs, remote COGs through the concurrent reader), none is warped. A one-process run's worker is the client's
-    process, which plans with rasterio."""
-    return inputs.tile_decoder and not inputs.warped and not inputs.one_process
+    COGs, remote COGs through the concurrent reader), none is warped, and no area of interest masks the windows (its
+    mask is rasterio's ``geometry_mask``). A one-process run's worker is the client's process, which plans with
+    rasterio."""
+    return inputs.tile_decoder and not inputs.warped and not inputs.aoi_mask and not inputs.one_process
 
 
 def open_file_bytes(inputs: BudgetInputs) -> int:

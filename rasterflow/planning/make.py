@@ -218,6 +218,8 @@ def make_plan(spec: Spec, *, items: Sequence[dict[str, Any]] | None = None, layo
                 read.direct for reads in sources.reads for read in reads if read is not None):
             # no warp: every read decodes the file's tiles itself (rasterflow.read.tiles), libtiff keeps no decoder
             inputs = budget.dataclasses_replace(inputs, tile_decoder=True)
+        if isinstance(spec.source.stac.intersects, dict):  # tasks.clip masks with rasterio: GDAL in the workers
+            inputs = budget.dataclasses_replace(inputs, aoi_mask=True)
         if any(not read.direct for reads in sources.reads for read in reads if read is not None):
             inputs = budget.dataclasses_replace(inputs, warped=True)
         elif remote_fetch(spec, sources, source_codec, source_tile, remote):
