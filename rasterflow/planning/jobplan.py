@@ -11,7 +11,7 @@ from rasterflow.kernels import Program
 from rasterflow.planning.chunks import ChunkIndex
 from rasterflow.planning.cost import JobCost
 from rasterflow.planning.grid import GridPlan
-from rasterflow.read.policy import ReadPolicy
+from rasterflow.readplan import ReadPolicy
 from rasterflow.sizing import WorkerLayout
 from rasterflow.sources import SourceTable
 

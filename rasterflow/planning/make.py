@@ -11,9 +11,7 @@ from rasterflow.planning.chunks import ChunkIndex, build_chunk_index
 from rasterflow.planning.cost import RemoteProbe, job_cost
 from rasterflow.planning.grid import GridPlan, plan_aoi, resolve_grid, tiles_on_chunk_edges
 from rasterflow.planning.jobplan import JobPlan, cluster_plan, output_plan
-from rasterflow.read import tiles
-from rasterflow.read.policy import io_concurrency, policy_from_spec
-from rasterflow.read.remote import is_remote
+from rasterflow.readplan import decodes, io_concurrency, is_remote, policy_from_spec, supported
 from rasterflow.sizing import WorkerLayout, local_machine, size_local_run
 from rasterflow.sources import FileHeader, SourceTable, gc_paused, resolve_sources
 
@@ -214,7 +212,7 @@ def make_plan(spec: Spec, *, items: Sequence[dict[str, Any]] | None = None, layo
         index = build_chunk_index(sources, grid.shape, inputs.chunk_yx, steps=dates[1],
                                   dates_kept=not absent_is_nan(shape.bands, shape.assets_loaded, spec.grid.dtype))
         inputs = budget.dataclasses_replace(inputs, **_budget_details(spec, dates[0], sources, layout, index))
-        if inputs.local_files and tiles.decodes(source_codec, source_tile) and all(
+        if inputs.local_files and decodes(source_codec, source_tile) and all(
                 read.direct for reads in sources.reads for read in reads if read is not None):
             # no warp: every read decodes the file's tiles itself (rasterflow.read.tiles), libtiff keeps no decoder
             inputs = budget.dataclasses_replace(inputs, tile_decoder=True)
@@ -273,14 +271,13 @@ def remote_fetch(spec: Spec, sources: SourceTable, codec: str | None, tile: tupl
                  probe: RemoteProbe | None) -> bool:
     """Whether every read of the job goes through the concurrent remote reader: all files remote over a scheme it
     speaks, on the output grid, ``source.io.reader: auto``, and the probed file one it decodes (its codec and
-    tiling, as :func:`rasterflow.read.tiles.decodes` says for local files)."""
-    from rasterflow.read.fetch import supported
+    tiling, as :func:`rasterflow.readplan.decodes` says for local files)."""
 
     if spec.source.io.reader == "gdal" or (probe is not None and not probe.decodable):
         return False
     reads = [read for reads in sources.reads for read in reads if read is not None]
     return bool(reads) and all(supported(read.href) and read.direct for read in reads) \
-        and tiles.decodes(codec, tile)
+        and decodes(codec, tile)
 
 
 def _budget_details(spec: Spec, times: Sequence[str], sources: SourceTable, layout: WorkerLayout,

@@ -42,11 +42,12 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 from rasterflow.read.policy import record_io
 from rasterflow.read.remote import ReadFailedError
+from rasterflow.readplan import _TRUE, gcs_config, supported  # noqa: F401  (defined below the reader)
 from rasterflow.retry import RetryPolicy
 
 if TYPE_CHECKING:  # pragma: no cover
     import aiohttp
-    from obstore.store import AzureConfig, AzureStore, ClientConfig, GCSConfig, GCSStore, S3Config, S3Store
+    from obstore.store import AzureConfig, AzureStore, ClientConfig, GCSStore, S3Config, S3Store
 
 __all__ = ["RangeClient", "Answer", "client", "close_all", "supported", "s3_config", "azure_config", "gcs_config"]
 
@@ -54,86 +55,6 @@ StoreT = TypeVar("StoreT")
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
 _STATUS_IN_TEXT = re.compile(r"(?:status(?: code)?|HTTP)[:\s]+(\d{3})\b", re.IGNORECASE)
-
-
-def supported(href: str) -> bool:
-    """Whether :class:`RangeClient` reads ``href``; other schemes stay with GDAL.
-
-    Parameters
-    ----------
-    href : str
-        An asset's href.
-
-    Returns
-    -------
-    bool
-        True for ``http``, ``https``, ``s3``, ``az`` and ``abfs``; for ``gs`` when :func:`gcs_config` can configure
-        the store from the environment (else GDAL reads it, as it knows more ways to authenticate).
-    """
-    scheme = href.partition("://")[0].lower() if "://" in href else ""
-    if scheme == "gs":
-        return gcs_config() is not None
-    return scheme in ("http", "https", "s3", "az", "abfs")
-
-
-_TRUE = ("YES", "TRUE", "1", "ON")
-
-_GCS_ONLY_GDAL = ("GS_SECRET_ACCESS_KEY", "GS_ACCESS_KEY_ID", "GS_OAUTH2_REFRESH_TOKEN", "GS_USER_PROJECT")
-_GCS_KEY_ONLY_GDAL = ("GS_OAUTH2_PRIVATE_KEY", "GS_OAUTH2_PRIVATE_KEY_FILE", "CPL_GS_CREDENTIALS_FILE")
-
-
-def gcs_config(environ: Mapping[str, str] | None = None) -> GCSConfig | None:
-    """obstore's ``GCSStore`` settings from the variables GDAL's ``/vsigs/`` reads, in GDAL's order.
-
-    Parameters
-    ----------
-    environ : Mapping[str, str], optional
-        The environment; ``os.environ`` when None.
-
-    Returns
-    -------
-    GCSConfig or None
-        ``base_url`` from ``CPL_GS_ENDPOINT`` (an emulator or a private endpoint; without it obstore's default,
-        GDAL's too, ``https://storage.googleapis.com``), and:
-
-        * ``GS_NO_SIGN_REQUEST=YES``: ``skip_signature`` (public buckets; no credentials are looked for);
-        * else ``GOOGLE_APPLICATION_CREDENTIALS``: ``application_credentials``, that JSON file (a service account's
-          key or gcloud's authorized-user credentials);
-        * else nothing more: obstore then looks, as Google's libraries do, for gcloud's application-default
-          credentials file and the metadata server of a Compute Engine machine (GDAL: the metadata server).
-
-        None when the environment authenticates in a way only GDAL follows: HMAC keys (``GS_SECRET_ACCESS_KEY``,
-        ``GS_ACCESS_KEY_ID``), an OAuth2 refresh token (``GS_OAUTH2_REFRESH_TOKEN``), requester pays
-        (``GS_USER_PROJECT``), or, without ``GOOGLE_APPLICATION_CREDENTIALS``, a private key and e-mail
-        (``GS_OAUTH2_PRIVATE_KEY[_FILE]``, ``GS_OAUTH2_CLIENT_EMAIL``) or a boto credentials file
-        (``CPL_GS_CREDENTIALS_FILE``, by default ``~/.boto`` when it exists): such hrefs stay with GDAL.
-
-    Examples
-    --------
-    >>> gcs_config({"GS_NO_SIGN_REQUEST": "YES", "CPL_GS_ENDPOINT": "http://127.0.0.1:9023/"})
-    {'base_url': 'http://127.0.0.1:9023', 'skip_signature': True}
-    >>> gcs_config({"GS_SECRET_ACCESS_KEY": "secret", "GS_ACCESS_KEY_ID": "id"}) is None
-    True
-    """
-    env = os.environ if environ is None else environ
-    config: GCSConfig = {}
-    endpoint = env.get("CPL_GS_ENDPOINT", "").rstrip("/")
-    if endpoint:
-        config["base_url"] = endpoint
-    if env.get("GS_NO_SIGN_REQUEST", "").upper() in _TRUE:
-        config["skip_signature"] = True
-        return config
-    if any(env.get(name) for name in _GCS_ONLY_GDAL):
-        return None
-    if env.get("GOOGLE_APPLICATION_CREDENTIALS"):
-        config["application_credentials"] = env["GOOGLE_APPLICATION_CREDENTIALS"]
-        return config
-    if any(env.get(name) for name in _GCS_KEY_ONLY_GDAL):
-        return None
-    home = env.get("HOME") or env.get("USERPROFILE")
-    if home and os.path.exists(os.path.join(home, ".boto")):
-        return None
-    return config
 
 
 def azure_config(environ: Mapping[str, str] | None = None, account: str | None = None) -> AzureConfig:

@@ -25,14 +25,13 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from rasterflow.errors import RunFailedError
-from rasterflow.gdalenv import allowed_extensions, aws_env_summary, remote_read_options
-from rasterflow.retry import RetryPolicy
+from rasterflow.gdalenv import aws_env_summary
+from rasterflow.readplan import ReadPolicy, io_concurrency, policy_from_spec  # noqa: F401  (defined below the reader)
 
 if TYPE_CHECKING:  # pragma: no cover
     from distributed import Client
@@ -40,77 +39,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from rasterflow.planning import JobPlan
     from rasterflow.report import RunReport
     from rasterflow.sources import AssetRead
-    from rasterflow.spec.models import Source
 
 __all__ = [
     "ReadPolicy", "FailedRead", "ReadSummary", "set_policy", "current_policy", "record_retry", "record_failure",
     "failed_before",
     "collect", "summarize", "check_quota", "read_monitor", "ReadMonitor", "policy_from_spec", "job_hrefs",
 ]
-
-
-@dataclass(frozen=True)
-class ReadPolicy:
-    """How the reads of one run behave."""
-
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    on_read_error: str = "fail"
-    """``fail``: the first file that cannot be read stops the run; ``nodata``: it is treated as missing."""
-    max_failed_fraction: float = 0.0
-    """With ``nodata``: the run fails when more than this share of its files could not be read."""
-    sign: str | None = None
-    """The name of a signer (:mod:`rasterflow.read.signing`), None = hrefs are opened as they are."""
-    extensions: str | None = None
-    """``CPL_VSIL_CURL_ALLOWED_EXTENSIONS`` (from the job's hrefs)."""
-    run_id: str = "local"
-    """Keys this run's statistics on the workers."""
-    io_concurrency: int = 64
-    """Range requests in flight per process on the concurrent remote path (``source.io.concurrency``)."""
-    io_buffer: int = 32 * 1024 * 1024
-    """Bytes of compressed tiles a task fetches ahead of its decoder (``source.io.buffer``)."""
-    io_reader: str = "auto"
-    """``auto``: remote COGs that can be decoded here are fetched concurrently (:mod:`rasterflow.read.prefetch`);
-    ``gdal``: every remote read through GDAL (``source.io.reader``)."""
-
-    def gdal_options(self) -> dict[str, str]:
-        """The GDAL config options of every open and read (what the environment does not set itself)."""
-        return remote_read_options(timeout=self.retry.timeout, extensions=self.extensions)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"retry": self.retry.as_dict(), "on_read_error": self.on_read_error,
-                "max_failed_fraction": self.max_failed_fraction, "sign": self.sign,
-                "io": {"concurrency": self.io_concurrency, "buffer": self.io_buffer, "reader": self.io_reader}}
-
-
-def policy_from_spec(source: Source | None, hrefs: Iterable[str] = (), round_trip: float | None = None) -> ReadPolicy:
-    """The policy of a run from the spec's ``source`` section and the job's hrefs; a fresh ``run_id``.
-    ``round_trip``: seconds of a request measured in planning (``source.io.concurrency: auto`` follows it)."""
-    io = getattr(source, "io", None)
-    return ReadPolicy(
-        io_concurrency=io_concurrency(getattr(io, "concurrency", "auto"), round_trip),
-        io_buffer=int(getattr(io, "buffer_bytes", 0) or 32 * 1024 * 1024),
-        io_reader=str(getattr(io, "reader", "auto")),
-        retry=RetryPolicy.from_spec(getattr(source, "retry", None)),
-        on_read_error=str(getattr(source, "on_read_error", "fail")),
-        max_failed_fraction=float(getattr(source, "max_failed_fraction", 0.0)),
-        sign=getattr(source, "sign", None),
-        extensions=allowed_extensions(hrefs),
-        run_id=uuid.uuid4().hex,
-    )
-
-
-def io_concurrency(setting: int | str, round_trip: float | None = None) -> int:
-    """Requests in flight per process: the spec's number, or for ``auto`` enough to keep the pipe full at the
-    measured round trip (one request per 0.625 ms of latency, 64..256: 64 at 40 ms, 160 at 100 ms), else 64.
-
-    Why so many: a process receives ~100-200 MB/s of tiles through the reader; at ~200 kB a request and 40 ms a
-    round trip that takes ~40 requests in flight, and each wait for the first byte of a new window adds to the
-    wall (benchmarks/remote_read.py: a 5490² x 36 season at 40 ms, 32 -> 64 in flight)."""
-    if isinstance(setting, int) and not isinstance(setting, bool):
-        return max(1, setting)
-    if round_trip is None or round_trip <= 0:
-        return 64
-    return int(min(256, max(64, round(round_trip / 0.000625))))
 
 
 # ---- the policy in this process -------------------------------------------------------------------------------

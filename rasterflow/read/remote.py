@@ -26,13 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rasterflow.errors import SourceReadError
+from rasterflow.readplan import is_remote, vsi_path  # noqa: F401  (defined below the reader)
 from rasterflow.retry import RetryPolicy
 
 __all__ = ["ReadFailedError", "Failure", "vsi_path", "is_remote", "classify", "cache_busting_options", "probe"]
 
-_SCHEMES = {"http": "/vsicurl/", "https": "/vsicurl/", "s3": "/vsis3/", "gs": "/vsigs/", "az": "/vsiaz/",
-            "abfs": "/vsiaz/"}
-_NETWORK_VSI = ("/vsicurl", "/vsis3", "/vsigs", "/vsiaz", "/vsiadls", "/vsioss", "/vsiswift", "/vsiwebhdfs")
 _HTTP_STATUS = re.compile(r"HTTP (?:response )?(?:code|error)[^0-9]{0,12}(\d{3})", re.IGNORECASE)
 _CURL_ERROR = re.compile(r"CURL error|Connection reset|timed out|Couldn't connect|Failed to connect|Empty reply|"
                          r"Recv failure|Send failure|transfer closed|SSL", re.IGNORECASE)
@@ -90,20 +88,6 @@ class Failure:
     """``HTTP 503``, ``connection reset``, ``timed out`` or GDAL's words."""
     unreadable: bool = False
     """GDAL did not recognise the file while the server serves it: a bad file, or a fault that has passed."""
-
-
-def vsi_path(href: str) -> str:
-    """The path GDAL opens for ``href`` (see the module docstring)."""
-    scheme, sep, rest = href.partition("://")
-    if sep and scheme.lower() in _SCHEMES:
-        prefix = _SCHEMES[scheme.lower()]
-        return prefix + (href if prefix == "/vsicurl/" else rest)
-    return href
-
-
-def is_remote(href: str) -> bool:
-    """Whether ``href`` is read over the network (http(s), object stores, their /vsi paths)."""
-    return vsi_path(href).startswith(_NETWORK_VSI)
 
 
 def cache_busting_options(href: str) -> dict[str, str]:

@@ -17,7 +17,6 @@ in the environment sends every read through GDAL.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from array import array
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rasterflow import compiled
+from rasterflow.readplan import ENV_SWITCH, LOSSLESS_CODECS, decoder_available, decodes  # noqa: F401
 
 if TYPE_CHECKING:
     import numpy as np
@@ -40,29 +40,6 @@ _Predicted = tuple[Callable[..., "bytes | bytearray"], Callable[..., None]]
 
 __all__ = ["LOSSLESS_CODECS", "ENV_SWITCH", "TileIndex", "decoder_available", "decodes", "tile_index", "read_window",
            "window_tiles", "place_tile", "page_index"]
-
-LOSSLESS_CODECS = {1: "NONE", 5: "LZW", 8: "DEFLATE", 32946: "DEFLATE", 50000: "ZSTD"}
-"""TIFF compression tags this path decodes (their GDAL names, as :func:`rasterflow.sources.compression_name`
-gives them)."""
-
-ENV_SWITCH = "RASTERFLOW_TILE_DECODER"
-"""``gdal``: every read through GDAL; anything else (or unset): local tiled files through this module."""
-
-
-def decodes(codec: str | None, tile_shape: tuple[int, int] | None) -> bool:
-    """Whether local files of this codec (GDAL's name) and tile shape (None: not tiled) are decoded here, as far as
-    a file's header tells at plan time (the reader checks each file again)."""
-    return (tile_shape is not None and (codec or "").upper() in set(LOSSLESS_CODECS.values())
-            and decoder_available())
-
-
-def decoder_available() -> bool:
-    """Whether this process decodes local tiles itself: tifffile and imagecodecs installed, not switched off by
-    :data:`ENV_SWITCH`. Importless, so the planner can ask."""
-    if os.environ.get(ENV_SWITCH, "").strip().lower() == "gdal":
-        return False
-    return all(importlib.util.find_spec(name) is not None for name in ("tifffile", "imagecodecs"))
-
 
 @dataclass(frozen=True, eq=False)
 class TileIndex:
