@@ -50,7 +50,9 @@ def _probe():
 def test_a_worker_that_ran_the_job_has_not_imported_dask_array_or_xarray(sample, tmp_path, output, reduce):
     from distributed import Client, LocalCluster
 
+    # no HTTP server on 8787, which another cluster on the machine may hold ("Port 8787 is already in use" warns)
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None,
+                      scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"},
                       memory_limit="2GB") as cluster, Client(cluster) as client:
         before = next(iter(client.run(_probe()).values()))
         assert not any(before[name] for name in CLIENT_ONLY), before  # a fresh worker: nothing to blame on the test
