@@ -97,14 +97,17 @@ budget_accuracy.py measured 60-70 MB less than with the earlier worker that impo
 arrays. 135 MB."""
 
 
-GDAL_LIBRARY_BYTES = 40 * 10**6
-"""What rasterio (GDAL, PROJ and its Python modules) adds to a worker process once imported and its ``Env`` entered:
-40 MB measured 2026-12-06 (rasterio 1.4.4 / GDAL 3.10, a process with rasterflow's reader, NumPy and zarr imported:
-+33 MB for the import, +7 MB for the first Env). :data:`WORKER_BASELINE_BYTES` includes it; a worker whose every
+GDAL_LIBRARY_BYTES = 46 * 10**6
+"""What rasterio (GDAL, PROJ and its Python modules) adds to a worker process once imported and used: 40 MB measured
+2026-12-06 in an idle process (rasterio 1.4.4 / GDAL 3.10, with rasterflow's reader, NumPy and zarr imported: +33 MB
+for the import, +7 MB for the first Env); when the workers stopped loading it, the measured peaks of
+``budget_accuracy.py``'s 39 rows fell by a median of **46 MB** (25-75 MB, one row 151 MB; its opened datasets and
+their state come on top of the import), so 46 MB. :data:`WORKER_BASELINE_BYTES` includes it; a worker whose every
 read rasterflow decodes itself (local tiled COGs and remote COGs on the output grid, ``BudgetInputs.tile_decoder``
-without a warp) never imports rasterio, and its baseline is this much lower (:func:`rasterflow.budget.baseline_bytes`;
-measured drops of the per-worker peak 35-99 MB on tests/test_budget_measured.py's rows, 50 MB on the 4096² x 24
-geomedian). A task that still needs GDAL (a sparse tile, an area of interest's mask) brings it back."""
+without a warp) and which masks no area of interest never imports rasterio, and its baseline is this much lower
+(:func:`rasterflow.budget.baseline_bytes`; measured drops of the per-worker peak 35-99 MB on
+tests/test_budget_measured.py's rows, 50 MB on the 4096² x 24 geomedian). A task that still needs GDAL (a sparse
+tile) brings it back."""
 
 
 DASK_ARRAY_WORKER_BYTES = 65 * 10**6
