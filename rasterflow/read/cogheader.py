@@ -139,12 +139,17 @@ def parse_header(href: str, first: bytes, size: int | None, fetch: Callable[[int
         if isinstance(err, ReadFailedError):
             raise
         return RemoteTiff(href=href, size=size, facts=None, index=None, why_gdal=f"tifffile: {err}")
-    why = ""
+    why = _why_gdal(facts, index)
+    return RemoteTiff(href=href, size=size, facts=facts, index=None if why else index, why_gdal=why)
+
+
+def _why_gdal(facts: FileFacts, index: TileIndex | None) -> str:
+    """Why GDAL must read a file whose header tifffile parsed ("" when rasterflow decodes it)."""
     if index is None:
-        why = "not a tiled image with a lossless codec rasterflow decodes"
-    elif facts.crs is None or facts.transform is None:
-        why, index = "no EPSG CRS or north-up transform in its GeoTIFF keys", None
-    return RemoteTiff(href=href, size=size, facts=facts, index=index, why_gdal=why)
+        return "not a tiled image with a lossless codec rasterflow decodes"
+    if facts.crs is None or facts.transform is None:
+        return "no EPSG CRS or north-up transform in its GeoTIFF keys"
+    return ""
 
 
 def _facts(tif: TiffFile, page: TiffPage) -> FileFacts:
@@ -230,14 +235,9 @@ def parse_local(path: str) -> RemoteTiff:
         raise
     except Exception as err:
         return RemoteTiff(href=path, size=size, facts=None, index=None, why_gdal=f"tifffile: {err}")
-    why = ""
-    if index is None:
-        why = "not a tiled image with a lossless codec rasterflow decodes"
-    elif facts.crs is None or facts.transform is None:
-        why, index = "no EPSG CRS or north-up transform in its GeoTIFF keys", None
-    elif os.path.exists(path + ".aux.xml"):
-        why, index = "a .aux.xml side-car file (GDAL reads its metadata)", None
-    return RemoteTiff(href=path, size=size, facts=facts, index=index, why_gdal=why)
+    why = _why_gdal(facts, index) or (
+        "a .aux.xml side-car file (GDAL reads its metadata)" if os.path.exists(path + ".aux.xml") else "")
+    return RemoteTiff(href=path, size=size, facts=facts, index=None if why else index, why_gdal=why)
 
 
 def local_header(path: str) -> RemoteTiff:
