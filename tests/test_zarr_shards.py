@@ -267,3 +267,8 @@ def test_the_budget_sizes_shards_like_the_writer():
     assert held_for_shards(shape(zarr_format=2), large) == 0
     chunk = 1024 * 1024 * 4
     assert held_for_shards(shape(zarr_format=3), large) == 16 * chunk + 16 * chunk // 2 + 2 * 16 * chunk
+    # a store of one shard (8 x 8 chunks in one 8 x 8 shard): the writer has no next shard in flight
+    assert held_for_shards(shape(zarr_format=3, zarr_shards=8), inputs(8 * 1024)) == 64 * chunk + 2 * 64 * chunk
+    # 2 x 2 shards of 4 x 4 chunks: the next shard's results too, shared by the 2 workers
+    assert held_for_shards(shape(zarr_format=3, zarr_shards=4), inputs(8 * 1024)) == \
+        16 * chunk + 16 * chunk // 2 + 2 * 16 * chunk
