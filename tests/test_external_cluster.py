@@ -251,7 +251,9 @@ def test_a_worker_killed_mid_run_changes_nothing(external, sample, tmp_path, loc
     survivor = next(w for w in pids if w != victim)
     assert {victim, survivor} <= set(peaks) <= {victim, survivor, successor}
     for worker, peak in peaks.items():
-        assert 80_000_000 < peak < WORKER_LIMIT, (worker, peak)  # a worker with NumPy and GDAL loaded, under its limit
+        # a real process's RSS with NumPy and rasterflow's reader loaded (no GDAL: the sample's local tiled COGs are
+        # decoded by rasterflow; a CI run measured 74 MB), under its limit
+        assert 50_000_000 < peak < WORKER_LIMIT, (worker, peak)
     sampled = {s["worker"] for s in report["memory_samples"]}
     assert {victim, survivor} <= sampled
 
