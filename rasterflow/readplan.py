@@ -163,7 +163,8 @@ def supported(href: str) -> bool:
     return scheme in ("http", "https", "s3", "az", "abfs")
 
 
-_TRUE = ("YES", "TRUE", "1", "ON")
+TRUE_VALUES = ("YES", "TRUE", "1", "ON")
+"""How GDAL's boolean variables say yes (``GS_NO_SIGN_REQUEST``, ``AZURE_NO_SIGN_REQUEST``)."""
 
 _GCS_ONLY_GDAL = ("GS_SECRET_ACCESS_KEY", "GS_ACCESS_KEY_ID", "GS_OAUTH2_REFRESH_TOKEN", "GS_USER_PROJECT")
 _GCS_KEY_ONLY_GDAL = ("GS_OAUTH2_PRIVATE_KEY", "GS_OAUTH2_PRIVATE_KEY_FILE", "CPL_GS_CREDENTIALS_FILE")
@@ -207,7 +208,7 @@ def gcs_config(environ: Mapping[str, str] | None = None) -> GCSConfig | None:
     endpoint = env.get("CPL_GS_ENDPOINT", "").rstrip("/")
     if endpoint:
         config["base_url"] = endpoint
-    if env.get("GS_NO_SIGN_REQUEST", "").upper() in _TRUE:
+    if env.get("GS_NO_SIGN_REQUEST", "").upper() in TRUE_VALUES:
         config["skip_signature"] = True
         return config
     if any(env.get(name) for name in _GCS_ONLY_GDAL):

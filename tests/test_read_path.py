@@ -203,9 +203,12 @@ def _break_one_file(sample, tmp_path: Path, how: str) -> tuple[Path, str]:
 
 
 @pytest.mark.parametrize("how", ["missing", "truncated", "mistyped"])
-def test_a_file_that_cannot_be_read_is_an_error_naming_it(sample, tmp_path, how):
+def test_a_file_that_cannot_be_read_is_an_error_naming_it(sample, tmp_path, how, caplog):
+    import logging
+
     from rasterflow.errors import SourceReadError
 
+    caplog.set_level(logging.DEBUG, logger="rasterflow.read")
     catalog, href = _break_one_file(sample, tmp_path, how)
     spec = _spec(sample, tmp_path, catalog=str(catalog), chunks="{time: -1, y: 256, x: 256}")
     plan = _plan(spec)
@@ -215,6 +218,9 @@ def test_a_file_that_cannot_be_read_is_an_error_naming_it(sample, tmp_path, how)
     assert href in message and "asset 'nir'" in message and load_items(sample)[2]["id"] in message
     if how == "mistyped":
         assert "float32" in message and "uint16" in message
+    if how == "truncated":  # the tile decoder failed first and left the file to GDAL, saying why in the log
+        assert any(href in r.getMessage() and "truncated" in r.getMessage() for r in caplog.records
+                   if r.name == "rasterflow.read"), [r.getMessage() for r in caplog.records]
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import math
 import threading
 import uuid
@@ -45,6 +46,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from rasterflow.planning import GridPlan
 
 __all__ = ["ReadJob", "read_planes", "item_stream", "gdal_env", "enter_gdal", "gdal_entered", "read_asset", "read_header", "header_reader", "GDAL_OPEN_OPTIONS"]
+
+_log = logging.getLogger(__name__)
 
 
 _TOKEN_PREFIX = uuid.uuid4().hex
@@ -272,7 +275,11 @@ def _read_local(read: AssetRead, grid: GridPlan, rows: tuple[int, int], cols: tu
             done = read_window(index, r0 - row_off, c0 - col_off, values)
             if done:
                 target[...] = values
-    except Exception:
+    except MemoryError:
+        raise  # not a file's fault: GDAL would need the same memory again
+    except Exception as err:  # a tile that does not decode: GDAL reads the file, or names its failure as always
+        _log.debug("rasterflow's tile decoder could not read %s (%s: %s); GDAL reads it", href,
+                   type(err).__name__, err)
         return False, None
     if not done:
         return False, None

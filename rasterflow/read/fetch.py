@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 from rasterflow.read.policy import record_io
 from rasterflow.read.remote import ReadFailedError
-from rasterflow.readplan import _TRUE, gcs_config, supported  # noqa: F401  (defined below the reader)
+from rasterflow.readplan import TRUE_VALUES, gcs_config, supported  # noqa: F401  (defined below the reader)
 from rasterflow.retry import RetryPolicy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -72,7 +72,7 @@ def azure_config(environ: Mapping[str, str] | None = None, account: str | None =
         config["account_name"] = name
     if parts.get("BlobEndpoint"):
         config["endpoint"] = parts["BlobEndpoint"].rstrip("/")
-    if env.get("AZURE_NO_SIGN_REQUEST", "").upper() in _TRUE:
+    if env.get("AZURE_NO_SIGN_REQUEST", "").upper() in TRUE_VALUES:
         config["skip_signature"] = True
         return config
     key = parts.get("AccountKey") or env.get("AZURE_STORAGE_ACCESS_KEY")
