@@ -373,3 +373,13 @@ CACHE_CANDIDATES = (64 * 10**6, 32 * 10**6, 16 * 10**6)
 TABLE_DTYPES = frozenset({"uint8", "int8", "uint16", "int16"})
 """``lookup.TABLE_DTYPES`` (not imported: ``rasterflow.lookup`` loads NumPy): raw dtypes the kernel converts and masks
 with a per-value table."""
+
+
+COG_RESULT_WAITING = 0.5
+"""The share of the finished chunk results that :func:`rasterflow.budget.fused_held` counts waiting for their COG
+tile tasks at the next tasks' peak: whether a result still waits when the next reduction peaks is timing (the
+client sends its tile tasks as soon as it learns the result is done). Measured 2026-12-06 on
+tests/test_budget_measured.py's "cog client" case (3 bands of 1536² on 2 threads, workers without GDAL): 302 MB
+in both runs of one clean-clone CI, where every waiting result counted predicted 395 MB (1.31); other runs of the
+same day measured 304 MB and more (earlier CI runs in the band) and ~330 MB (1.21 with a 6 MB higher baseline).
+Counting none predicts 338 MB, half 367 MB: within 0.90-1.30 for any peak from 283 to 408 MB."""

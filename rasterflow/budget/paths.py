@@ -19,6 +19,7 @@ from rasterflow.budget.cogclient import _cog_files, cog_tile_layout
 from rasterflow.budget.constants import (
     COG_BATCH_BYTES,
     COG_INFLIGHT_PER_THREAD,
+    COG_RESULT_WAITING,
     COG_TILE_BYTES_RATIO,
     ENCODE_PLANES,
     HALVE_BYTES_PER_PIXEL,
@@ -500,9 +501,13 @@ def fused_held(shape: PipelineShape, inputs: BudgetInputs) -> int:
     entries = n_groups * max(1, shape.n_quantiles)
     running = concurrent_tasks(shape, inputs)
     waiting = min(running, max(0, units_in_flight(shape, inputs) - running))
-    if entries > 1 and math.ceil(inputs.n_spatial_chunks / max(1, inputs.n_workers)) > running:
-        waiting = max(waiting, 1)
-    return waiting * entries * shape.result_bands * one
+    result = entries * shape.result_bands * one
+    whole = entries > 1 and math.ceil(inputs.n_spatial_chunks / max(1, inputs.n_workers)) > running
+    if shape.output_format == "cog":
+        # a COG's results wait for tile tasks the client sends as soon as it learns they are done: at the next
+        # tasks' peak about half of them still wait (COG_RESULT_WAITING, measured); a shard's wait for its shard
+        return max(int(COG_RESULT_WAITING * waiting * result), result if whole else 0)
+    return max(waiting, 1 if whole else 0) * result
 
 
 def _held_blocks(shape: PipelineShape, inputs: BudgetInputs, running: int, n_held: int) -> int:
