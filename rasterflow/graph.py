@@ -33,7 +33,7 @@ from rasterflow.layers import Task, lazy_array
 __all__ = ["build_dataset", "chunk_reduce", "chunk_bands", "read_jobs", "local_read_job"]
 
 #: A task function of :func:`_task_array`: ``function(job, rows, cols, program, view, *extra)`` -> its block
-#: (:func:`~rasterflow.tasks.chunk_reduce` with ``extra = (sub_block,)``, :func:`~rasterflow.tasks.chunk_bands`
+#: (:func:`~rasterflow.tasks.chunk_reduce` with ``extra = (sub_block, sub_blocks_across)``, :func:`~rasterflow.tasks.chunk_bands`
 #: with none); the arity varies with ``extra``, hence ``...``.
 ChunkFunction: TypeAlias = Callable[..., np.ndarray]
 #: Dask's chunks of an array: per dimension, the sizes of its blocks.
@@ -208,7 +208,7 @@ def build_dataset(plan: JobPlan) -> xr.Dataset:
         fused = _task_array(plan, f"rasterflow-{program.reduce_method}", chunk_reduce,
                             (n_items,) if program.steps else item_chunks,
                             ((program.n_groups,), (program.n_quantiles,), (program.n_result_bands,)), program.dtype,
-                            (plan.sub_block,))
+                            (plan.sub_block, plan.sub_blocks_across))
         if program.composite is not None:  # a geomedian or best-pixel composite: a variable per result slot
             variables = {name: _statistic_band(fused, 0, slot, name, keep_period)
                          for slot, name in enumerate(program.composite.outputs)}

@@ -44,19 +44,21 @@ def _portable_errors(task: Callable[..., np.ndarray]) -> Callable[..., np.ndarra
 
 @_portable_errors
 def chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], program: kernels.Program,
-                 view: kernels.TaskItems | None = None, block: tuple[int, int] = (0, 0)) -> np.ndarray:
+                 view: kernels.TaskItems | None = None, block: tuple[int, int] = (0, 0),
+                 across: bool = False) -> np.ndarray:
     """The fused task: read every date of one chunk (the items of ``view``) and reduce it ->
     ``(group, quantile, band, y, x)``.
 
     With ``block`` (the budget's :func:`~rasterflow.budget.sub_block`, ``(rows, cols)``) the chunk is read and
-    reduced in sub-blocks of that size, one after the other, down each column of sub-blocks: every pixel's series
-    is whole in its sub-block, so the result is the same, and the task holds one sub-block's series instead of the
-    chunk's (memory does not grow with the dates)."""
+    reduced in sub-blocks of that size, one after the other, down each column of sub-blocks (``across``: across
+    each row of them, the budget's :func:`~rasterflow.budget.sub_blocks_across`): every pixel's series is whole in
+    its sub-block, so the result is the same, and the task holds one sub-block's series instead of the chunk's
+    (memory does not grow with the dates)."""
     try:
         policy = job.read_policy()
-        windows = _read_windows(job, list(_sub_blocks(rows, cols, block)), program)
-        with gdal_env(policy), task_reads(job.reads, job.grid, windows, policy):
-            return clip(_chunk_reduce(job, rows, cols, program, view, block), job, rows, cols, program)
+        windows = list(_sub_blocks(rows, cols, block, across))
+        with gdal_env(policy), task_reads(job.reads, job.grid, _read_windows(job, windows, program), policy):
+            return clip(_chunk_reduce(job, rows, cols, program, view, windows), job, rows, cols, program)
     finally:
         release_free_memory()  # what the task freed goes back now, not when the heap's top happens to be free
 
@@ -117,19 +119,23 @@ def cleaned_stream(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int],
                               read=read)
 
 
-def _sub_blocks(rows: tuple[int, int], cols: tuple[int, int],
-                block: tuple[int, int]) -> Iterator[tuple[tuple[int, int], tuple[int, int]]]:
-    """The windows a fused task reads, in its order: the chunk, or its sub-blocks down each column of them."""
+def _sub_blocks(rows: tuple[int, int], cols: tuple[int, int], block: tuple[int, int],
+                across: bool = False) -> Iterator[tuple[tuple[int, int], tuple[int, int]]]:
+    """The windows a fused task reads, in its order: the chunk, or its sub-blocks down each column of them (GDAL's
+    block cache keeps a tile cut by strips for the next strip), or with ``across`` across each row of them (the
+    concurrent remote reader fetches a row of tiles in one request and holds it until the row is done)."""
     height, width = rows[1] - rows[0], cols[1] - cols[0]
     block_rows, block_cols = min(block[0] or height, height), min(block[1] or width, width)
-    for left in range(cols[0], cols[1], block_cols):
-        for top in range(rows[0], rows[1], block_rows):
-            yield (top, min(top + block_rows, rows[1])), (left, min(left + block_cols, cols[1]))
+    tops, lefts = range(rows[0], rows[1], block_rows), range(cols[0], cols[1], block_cols)
+    pairs = ((top, left) for top in tops for left in lefts) if across else \
+        ((top, left) for left in lefts for top in tops)
+    for top, left in pairs:
+        yield (top, min(top + block_rows, rows[1])), (left, min(left + block_cols, cols[1]))
 
 
 def _chunk_reduce(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], program: kernels.Program,
-                  view: kernels.TaskItems | None, block: tuple[int, int]) -> np.ndarray:
-    windows = list(_sub_blocks(rows, cols, block))
+                  view: kernels.TaskItems | None,
+                  windows: list[tuple[tuple[int, int], tuple[int, int]]]) -> np.ndarray:
     if len(windows) == 1:
         return kernels.reduce_block(cleaned_stream(job, rows, cols, program), program, view)
     height, width = rows[1] - rows[0], cols[1] - cols[0]

@@ -615,3 +615,24 @@ def test_held_blocks_are_those_of_the_tasks_after_the_running_ones():
     single = budget.held_between_tasks(two, _inputs(threads_per_worker=2, grid_shape=(1024, 1024)))
     assert single == 0
     assert budget.held_between_tasks(_shape(None), _inputs(threads_per_worker=2)) == 0
+
+
+def test_remote_reads_hold_a_row_of_the_chunks_tiles_per_file():
+    """Over remote files the fused task takes its sub-blocks across each row of them and the reader holds a row
+    of the chunk's compressed tiles per file until the row is done: source.io.buffer plus files x (tiles down a
+    sub-block) x (tiles across the chunk) x the compressed bytes of a tile. Local reads hold nothing of the kind and
+    keep the order down each column (GDAL's block cache)."""
+    shape = _shape("median")
+    local = _inputs(n_time=36, source_tile=(512, 512), threads_per_worker=2, one_process=True)
+    remote = dataclasses.replace(local, remote_fetch=True, io_buffer=8_000_000, source_bytes_per_pixel=0.75)
+    assert budget.sub_block(shape, remote) == (512, 512)  # one source tile of a 1024² chunk: 2 x 2 tiles
+    assert not budget.sub_blocks_across(local) and budget.sub_blocks_across(remote)
+    assert budget.remote_io_bytes(shape, local) == 0
+    files = remote.files_per_chunk or remote.n_time * len(shape.assets_loaded)
+    assert budget.remote_io_bytes(shape, remote) == 8_000_000 + int(files * 1 * 2 * 512 * 512 * 0.75)
+    # strips of a deep series: a strip is within one row of tiles, the row is still held across the chunk
+    deep = dataclasses.replace(remote, n_time=365)
+    rows, cols = budget.sub_block(shape, deep)
+    assert rows < 512 and cols == 512
+    deep_files = deep.files_per_chunk or deep.n_time * len(shape.assets_loaded)
+    assert budget.remote_io_bytes(shape, deep) == 8_000_000 + int(deep_files * 2 * 512 * 512 * 0.75)

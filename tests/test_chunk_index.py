@@ -382,18 +382,22 @@ def test_plan_json_carries_the_task_depth_and_the_cost(row_of_tiles, tmp_path):
 # ---- sub-blocks -------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("block", [(7, 13), (40, 9), (16, 40)])
+@pytest.mark.parametrize("block, across", [((7, 13), False), ((40, 9), False), ((16, 40), False), ((7, 13), True),
+                                           ((16, 9), True)])
 @pytest.mark.parametrize("case", list(CASES))
-def test_sub_blocks_give_the_whole_chunks_result(four_tiles, without_july_tile0, tmp_path, case, block):
+def test_sub_blocks_give_the_whole_chunks_result(four_tiles, without_july_tile0, tmp_path, case, block, across):
     """A fused task reduced in sub-blocks (``budget.sub_block``: deep series) is bit for bit the task reduced whole,
-    for sub-blocks that divide the 40² chunks and ones that leave a remainder, at the edge chunks too."""
+    for sub-blocks that divide the 40² chunks and ones that leave a remainder, at the edge chunks too, taken down
+    each column of them or across each row (``budget.sub_blocks_across``: the remote reader's order)."""
     options = dict(CASES[case])
     catalog = without_july_tile0 if options.pop("missing", False) else None
     plan = _plan(four_tiles, tmp_path, catalog=catalog, **options)
-    assert plan.report.sub_block == (0, 0)
-    blocked = dataclasses.replace(plan, report=dataclasses.replace(plan.report, sub_block=block))
+    assert plan.report.sub_block == (0, 0) and not plan.sub_blocks_across
+    inputs = dataclasses.replace(plan.report.inputs, remote_fetch=across)
+    blocked = dataclasses.replace(plan, report=dataclasses.replace(plan.report, sub_block=block, inputs=inputs))
+    assert blocked.sub_blocks_across is across
     tasks = _fused_tasks(graph.build_dataset(blocked)[plan.program.band_names[0]].data)
-    assert tasks and all(task[-1] == block for task in tasks.values())
+    assert tasks and all(task[-2:] == (block, across) for task in tasks.values())
     dataset = graph.build_dataset(blocked).compute(scheduler="synchronous")
     for name, expected in _all_items_result(plan).items():
         np.testing.assert_array_equal(dataset[name].values, expected, err_msg=name)

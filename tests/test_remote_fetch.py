@@ -378,6 +378,44 @@ def test_each_tile_is_fetched_once_per_task_in_coalesced_requests(files):
     collect("once"), collect("whole")
 
 
+@pytest.mark.parametrize("across", [True, False])
+def test_sub_blocks_across_a_row_fetch_each_row_of_tiles_in_one_request(files, across):
+    """Sub-blocks of one tile each over 2 x 3 tiles of a file: taken across each row of them (as a fused task over
+    remote files takes them), a row of tiles is one request, held until the row's last sub-block is decoded and
+    no longer; taken down each column, a tile's windows do not follow the next tile's, so each tile is a request
+    of its own and the task holds one tile at a time (with nothing fetched ahead but the next request)."""
+    import tifffile
+
+    name = "u16_zstd_pred2"  # 256² tiles, 3 rows x 4 columns of them
+    with tifffile.TiffFile(files / f"{name}.tif") as tif:
+        page = tif.pages.first
+        offsets, counts = list(page.dataoffsets), list(page.databytecounts)
+    tile_rows = [[4 * ty + tx for tx in range(3)] for ty in range(2)]
+    tops, lefts = [ROW0, ROW0 + 256], [COL0, COL0 + 256, COL0 + 512]
+    windows = [((t, t + 256), (c, c + 256)) for t in tops for c in lefts] if across else \
+        [((t, t + 256), (c, c + 256)) for c in lefts for t in tops]
+    with fault_server(files) as server:
+        read = _read(name, f"{server.url}/{name}.tif")
+        policy = ReadPolicy(retry=FAST, run_id=f"rows-{across}", io_buffer=1)  # nothing fetched ahead
+        with task_reads([[read]], GRID, windows, policy) as session:
+            assert session is not None
+            for rows, cols in windows:
+                out = np.zeros((256, 256), dtype="uint16")
+                assert session.read(read, rows, cols, out, None)[0]
+                np.testing.assert_array_equal(out, _gdal_window(files / f"{name}.tif", rows, cols, "uint16")[0])
+            held = session.holding_peak
+        ranges = sorted(tuple(int(v) for v in r[len("bytes="):].split("-"))
+                        for _, _, r, _ in server.log if not r.startswith("bytes=0-"))
+    collect(f"rows-{across}")
+    if across:
+        assert ranges == [(offsets[row[0]], offsets[row[-1]] + counts[row[-1]] - 1) for row in tile_rows]
+        # the row being decoded and the next one, fetched ahead as soon as nothing else is in flight
+        assert held == sum(offsets[row[-1]] + counts[row[-1]] - offsets[row[0]] for row in tile_rows)
+    else:
+        assert ranges == sorted((offsets[n], offsets[n] + counts[n] - 1) for row in tile_rows for n in row)
+        assert held == max(counts[n] for row in tile_rows for n in row)
+
+
 def test_the_buffer_bounds_the_bytes_fetched_ahead(files):
     """With a small buffer the task never has more than about the buffer fetched ahead of its decoder (plus the
     tiles of the window it decodes): the prefetcher's own account, checked after every window."""

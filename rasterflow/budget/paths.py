@@ -84,6 +84,15 @@ def strip_target(inputs: BudgetInputs) -> int:
     return budget.ONE_PROCESS_STRIP_TARGET_BYTES if inputs.one_process else budget.STRIP_TARGET_BYTES
 
 
+def sub_blocks_across(inputs: BudgetInputs) -> bool:
+    """Whether a fused task takes its sub-blocks across each row of them rather than down each column
+    (``tasks.chunk_reduce``): when the concurrent remote reader fetches its files. That reader asks for a row of the
+    chunk's tiles of a file in one request and holds it until the row's last sub-block is decoded
+    (:func:`remote_io_bytes`), so the sub-blocks of a row must follow each other; down each column, GDAL's block
+    cache keeps a tile that strips cut for the next strip."""
+    return inputs.remote_fetch
+
+
 def sub_block(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape | None = None) -> tuple[int, int]:
     """``(rows, cols)`` of the sub-blocks the fused task reduces its chunk in (``tasks.chunk_reduce``); ``(0, 0)``
     = the whole chunk at once.

@@ -31,6 +31,7 @@ from rasterflow.budget.paths import (
     _task_stages,
     concurrent_tasks,
     sub_block,
+    sub_blocks_across,
     task_shapes,
 )
 
@@ -66,9 +67,9 @@ def open_file_bytes(inputs: BudgetInputs) -> int:
 
 def remote_io_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
     """Compressed tiles one task of the concurrent remote reader holds: ``source.io.buffer`` fetched ahead of its
-    decoder, plus the tiles its current window shares with later windows (sub-blocks that cut the source tiles: a
-    tile is fetched once per task and kept until its last window is decoded), for every file of the chunk. 0 when
-    the job's files are not read that way."""
+    decoder, plus, for every file of the chunk, the row of the chunk's tiles its current sub-block needs: the reader
+    fetches a row of tiles in one request and keeps it until the last sub-block across that row
+    (:func:`sub_blocks_across`) has decoded it. 0 when the job's files are not read that way."""
     if not inputs.remote_fetch:
         return 0
     rows, cols = sub_block(shape, inputs)
@@ -81,7 +82,8 @@ def remote_io_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
         bpp = inputs.source_bytes_per_pixel
         if bpp is None:
             bpp = float(max(inputs.load_itemsizes(len(shape.assets_loaded)), default=2))
-        tiles_down, tiles_across = -(-rows // tile_y), -(-cols // tile_x)
+        chunk_cols = task_shapes(shape, inputs)[0].cols if sub_blocks_across(inputs) else cols
+        tiles_down, tiles_across = -(-rows // tile_y), -(-chunk_cols // tile_x)
         held = int(files * tiles_down * tiles_across * tile_y * tile_x * bpp)
     return inputs.io_buffer + held
 

@@ -172,6 +172,12 @@ class JobPlan:
         return self.report.sub_block
 
     @property
+    def sub_blocks_across(self) -> bool:
+        """Whether a fused task takes its sub-blocks across each row of them (the budget's
+        :func:`~rasterflow.budget.sub_blocks_across`), else down each column."""
+        return budget.sub_blocks_across(self.report.inputs)
+
+    @property
     def gdal_cachemax(self) -> int:
         """GDAL's block cache per worker (``cluster.gdal_cachemax``, ``auto`` resolved: see
         :func:`tiles_on_chunk_edges`): what the budget counted, so what the workers get."""

@@ -8,8 +8,10 @@ evaluated), and, from each file's header, which tiles each window needs and wher
 
 * each tile is fetched once per task, when the first window that needs it is near, and dropped after the last
   window that needs it has decoded it (a tile cut by two sub-blocks is fetched once, not twice);
-* the tiles a window first needs from one file are coalesced: adjacent tiles, or tiles apart by at most
-  :data:`MAX_GAP` bytes, become one range request (at most :data:`MAX_REQUEST` bytes);
+* the tiles of one file are coalesced: adjacent tiles of a row of tiles, or tiles apart by at most
+  :data:`MAX_GAP` bytes, become one range request (at most :data:`MAX_REQUEST` bytes) when the windows that need
+  them follow each other (a task's sub-blocks are taken across each row of them: one request per row of tiles of
+  the chunk and file, not one per tile);
 * requests are issued in decode order while the bytes fetched but not yet decoded stay within ``buffer``
   (``source.io.buffer``); the process's :class:`~rasterflow.read.fetch.RangeClient` keeps at most
   ``source.io.concurrency`` of them in flight. The decoder thus works on window *w* while the tiles of the next
@@ -260,7 +262,9 @@ class TaskReads:
         if not usable and not self.header_errors and not self.mismatch:
             return
         self.fetcher = client(policy.io_concurrency)
-        for rows, cols in windows:
+        spans: dict[tuple[str, int], list[int]] = {}  # (href, tile) -> [first window, last window, first event]
+        needed: dict[str, list[int]] = {}
+        for position, (rows, cols) in enumerate(windows):
             for item in reads_by_item:
                 for maybe in item:
                     if maybe is None or maybe.href not in usable:
@@ -278,17 +282,24 @@ class TaskReads:
                     event = _Event(read=read, tiff=header, rows=rows, cols=cols, direct=direct, tiles=tiles)
                     self.by_key.setdefault((read.href, rows, cols), collections.deque()).append(len(self.events))
                     self.events.append(event)
-                    new = []
                     for number in tiles:
                         key = (read.href, number)
                         self.tile_refs[key] = self.tile_refs.get(key, 0) + 1
-                        if key not in self.tile_fetch and index.byte_counts[number] > 0:
-                            new.append(number)
-                            self.tile_fetch[key] = None  # type: ignore[assignment]  # set just below
-                    for fetch in _coalesce(read.href, urls[read.href], index, new):
-                        event.fetches.append(fetch)
-                        for number in fetch.tiles:
-                            self.tile_fetch[(read.href, number)] = fetch
+                        if index.byte_counts[number] <= 0:
+                            continue  # sparse: nothing to fetch
+                        span = spans.get(key)
+                        if span is None:
+                            spans[key] = [position, position, len(self.events) - 1]
+                            needed.setdefault(read.href, []).append(number)
+                        else:
+                            span[1] = position
+        for href, numbers in needed.items():
+            index = usable[href][0].index
+            assert index is not None
+            for fetch in _coalesce(href, urls[href], index, numbers, spans):
+                self.events[min(spans[(href, n)][2] for n in fetch.tiles)].fetches.append(fetch)
+                for number in fetch.tiles:
+                    self.tile_fetch[(href, number)] = fetch
         for (href, number), fetch in self.tile_fetch.items():
             fetch.pending_tiles += self.tile_refs[(href, number)]
         self._pump()
@@ -449,19 +460,35 @@ def _named(read: AssetRead, err: ReadFailedError) -> ReadFailedError:
                            transient=err.transient, attempts=err.attempts, unreadable=err.unreadable)
 
 
-def _coalesce(href: str, url: str, index: TileIndex, numbers: list[int]) -> list[_Fetch]:
-    """The tiles ``numbers`` of one file as range requests: sorted by offset, merged where the gap is at most
-    :data:`MAX_GAP` and the request stays within :data:`MAX_REQUEST`."""
+def _coalesce(href: str, url: str, index: TileIndex, numbers: list[int],
+              spans: dict[tuple[str, int], list[int]]) -> list[_Fetch]:
+    """The tiles ``numbers`` of one file that a task needs, as range requests: sorted by offset, a tile joins the
+    request before it when the gap is at most :data:`MAX_GAP`, the request stays within :data:`MAX_REQUEST`, and
+    either the same window is the first to need both, or the tile lies in the same row of tiles and the windows that
+    need it follow on from the windows that need the request's tiles (``spans``: ``(href, tile)`` -> ``[first
+    window, last window, ...]``).
+
+    Why the window rules: a request's bytes are held from its first window to its last, so tiles joined across
+    windows that do not follow each other would be held through the windows between them. With a task's sub-blocks
+    taken across each row of them (``tasks.chunk_reduce``), a request is at most a row of the chunk's tiles per file
+    (what the budget's :func:`~rasterflow.budget.remote_io_bytes` counts), and a task asks once per row of tiles and
+    file instead of once per tile."""
     fetches: list[_Fetch] = []
+    first_window = last_window = 0
     for number in sorted(numbers, key=lambda n: index.offsets[n]):
         start, count = int(index.offsets[number]), int(index.byte_counts[number])
-        last = fetches[-1] if fetches else None
-        if last is not None and 0 <= start - (last.start + last.length) <= MAX_GAP \
-                and start + count - last.start <= MAX_REQUEST:
-            last.length = start + count - last.start
-            last.tiles.append(number)
+        first, last = spans[(href, number)][:2]
+        previous = fetches[-1] if fetches else None
+        if previous is not None and 0 <= start - (previous.start + previous.length) <= MAX_GAP \
+                and start + count - previous.start <= MAX_REQUEST \
+                and (first == first_window or (number // index.tiles_across == previous.tiles[-1] // index.tiles_across
+                                               and first <= last_window + 1)):
+            previous.length = start + count - previous.start
+            previous.tiles.append(number)
+            first_window, last_window = min(first_window, first), max(last_window, last)
         else:
             fetches.append(_Fetch(href=href, url=url, index=index, start=start, length=count, tiles=[number]))
+            first_window, last_window = first, last
     return fetches
 
 
