@@ -1,6 +1,7 @@
 """The layering of the design (ARCHITECTURE.md: a module imports only from the layers below it): planning decides
-and the reader executes, so importing the planner brings in no reader, catalog, cluster or task module; the read plan's
-light parts (``rasterflow.readplan``) import the standard library only, so workers and ``validate`` pay nothing."""
+and the reader and the writers execute, so importing the planner or the budget brings in no reader, writer, catalog,
+cluster or task module; the read plan's and the write plan's light parts (``rasterflow.readplan``,
+``rasterflow.writeplan``) import the standard library only, so workers and ``validate`` pay nothing."""
 
 from __future__ import annotations
 
@@ -34,3 +35,37 @@ def test_the_read_plan_is_light_and_the_reader_reexports_it():
     assert policy.ReadPolicy is readplan.ReadPolicy and policy.policy_from_spec is readplan.policy_from_spec
     assert remote.is_remote is readplan.is_remote and tiles.decodes is readplan.decodes
     assert fetch.supported is readplan.supported and fetch.gcs_config is readplan.gcs_config
+
+
+def _writers(modules: list[str]) -> list[str]:
+    return [m for m in modules if m == "rasterflow.write" or m.startswith("rasterflow.write.")]
+
+
+def test_the_budget_and_the_planner_import_no_writer():
+    budget = _modules_after("import rasterflow.budget")
+    assert _writers(budget) == [] and "rasterflow.writeplan" in budget
+    planning = _modules_after("import rasterflow.planning")
+    assert _writers(planning) == [] and "rasterflow.writeplan" in planning
+
+
+def test_the_write_plan_is_light_and_the_writers_reexport_it():
+    modules = _modules_after("import rasterflow.writeplan")
+    assert not [m for m in modules if m.split(".")[0] in ("numpy", "rasterio", "pydantic", "zarr", "dask", "xarray",
+                                                           "distributed", "tifffile", "fsspec")]
+    # nothing of rasterflow's beyond what the package itself imports (its public API's names)
+    ours = set(_modules_after("import rasterflow"))
+    assert {m for m in modules if m.startswith("rasterflow.")} - ours == {"rasterflow.writeplan"}
+    from rasterflow import writeplan
+    from rasterflow.budget import cogclient, paths
+    from rasterflow.write import cogassembly, cogtiles, common, encoding, shards
+
+    for name in ("SHARD_BYTES", "MAX_SHARD_SIDE", "SHARD_ABOVE_CHUNKS", "SHARDS_IN_FLIGHT", "shard_side"):
+        assert getattr(shards, name) is getattr(writeplan, name), name
+    for name in ("TileLayout", "fast_layout", "assembly_enabled", "level_shapes", "predictor_code",
+                 "client_levels_bytes", "TIFF_COMPRESSION", "CLIENT_LEVELS_MAX_BYTES"):
+        assert getattr(cogtiles, name) is getattr(writeplan, name), name
+    for name in ("Encoding", "compression_name", "ENCODING_DTYPES"):
+        assert getattr(encoding, name) is getattr(writeplan, name), name
+        assert getattr(common, name) is getattr(writeplan, name), name
+    assert cogassembly.TEMPLATE_CACHEMAX is writeplan.TEMPLATE_CACHEMAX
+    assert paths.shard_side is writeplan.shard_side and cogclient.fast_layout is writeplan.fast_layout

@@ -89,10 +89,11 @@ def test_shards_group_chunks_into_few_objects_and_read_back_exactly(tmp_path, le
 
 
 def test_a_large_grid_is_sharded_by_default(tmp_path, monkeypatch):
-    from rasterflow.write import shards
+    from rasterflow import writeplan
 
     # the default shards grids of more than SHARD_ABOVE_CHUNKS chunks: lowered from 1,024 to keep the test small
-    monkeypatch.setattr(shards, "SHARD_ABOVE_CHUNKS", 64)
+    # (in rasterflow.writeplan, where shard_side is defined; write.shards re-exports it)
+    monkeypatch.setattr(writeplan, "SHARD_ABOVE_CHUNKS", 64)
     shape = (10 * 8, 10 * 8)  # 100 chunks of 8²
     assert shard_side((8, 8), 4, (10, 10)) == 8  # 256-byte chunks: MAX_SHARD_SIDE per side, well below SHARD_BYTES
     values = {"ndvi": _values(3, shape)}

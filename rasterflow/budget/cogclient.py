@@ -1,10 +1,10 @@
-"""COG output: the tile layout the workers make (the same choice ``write.cog`` makes) and the client process that
-assembles the files, whose peak is checked against the machine (:func:`client_peak_bytes`)."""
+"""COG output: the tile layout the workers make (the same choice ``write.cog`` makes, with the same functions of
+:mod:`rasterflow.writeplan`) and the client process that assembles the files, whose peak is checked against the
+machine (:func:`client_peak_bytes`)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from rasterflow.budget.constants import (
     ASSEMBLY_LEVEL_COPIES,
@@ -18,6 +18,15 @@ from rasterflow.budget.constants import (
 )
 from rasterflow.budget.model import BudgetInputs, PipelineShape, _sizes
 from rasterflow.units import dtype_itemsize
+from rasterflow.writeplan import (
+    TEMPLATE_CACHEMAX,
+    Encoding,
+    TileLayout,
+    assembly_enabled,
+    client_levels_bytes,
+    compression_name,
+    fast_layout,
+)
 
 
 def _cog_files(shape: PipelineShape, inputs: BudgetInputs) -> int:
@@ -34,15 +43,12 @@ def _axis_chunks(size: int, chunk: int) -> tuple[int, ...]:
     return tuple(length for length, count in _sizes(size, chunk) for _ in range(count))
 
 
-def cog_tile_layout(shape: PipelineShape, inputs: BudgetInputs) -> Any:
-    """The :class:`~rasterflow.write.cogtiles.TileLayout` of a COG whose tiles the workers compress, or None when
+def cog_tile_layout(shape: PipelineShape, inputs: BudgetInputs) -> TileLayout | None:
+    """The :class:`~rasterflow.writeplan.TileLayout` of a COG whose tiles the workers compress, or None when
     GDAL's COG driver copies the finished file instead (``write.cog`` makes the same choice)."""
     if shape.output_format != "cog":
         return None
-    from rasterflow.write import cogtiles
-    from rasterflow.write.common import Encoding, compression_name
-
-    if not cogtiles.assembly_enabled():
+    if not assembly_enabled():
         return None
     height, width = inputs.grid_shape
     if shape.tile_size:
@@ -53,7 +59,7 @@ def cog_tile_layout(shape: PipelineShape, inputs: BudgetInputs) -> Any:
     except ValueError:
         return None
     codec = compression_name(shape.compression, "cog")  # the writer's own choice of codec
-    return cogtiles.fast_layout(
+    return fast_layout(
         height=height, width=width, chunks=(_axis_chunks(height, cy), _axis_chunks(width, cx)),
         blocksize=shape.cog_blocksize, resampling=shape.cog_resampling, computed_dtype=inputs.dtype, stored=stored,
         band_names=shape.output_band_names, compression=codec, predictor="auto",
@@ -76,9 +82,6 @@ def client_peak_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
     units = n_files * inputs.n_spatial_chunks
     layout = cog_tile_layout(shape, inputs)
     if layout is not None:
-        from rasterflow.write.cogassembly import TEMPLATE_CACHEMAX
-        from rasterflow.write.cogtiles import client_levels_bytes
-
         # the blocks in flight are computed on the workers; the client fetches the finished ones one by one and
         # spools each at once: it holds CLIENT_RESULTS_RECEIVED of them, each twice while unpacked (compressed tiles
         # are no larger than the block)

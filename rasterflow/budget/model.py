@@ -30,7 +30,7 @@ class PipelineShape:
     output_format: str = "zarr"
     zarr_format: int = 2
     zarr_shards: int | None = None
-    """``output.zarr_shards`` (None: :func:`rasterflow.write.shards.shard_side`'s default)."""
+    """``output.zarr_shards`` (None: :func:`rasterflow.writeplan.shard_side`'s default)."""
     stored_dtype: str | None = None
     """``output.encoding.dtype`` (None: the working dtype)."""
     tile_size: int | None = None
@@ -39,7 +39,7 @@ class PipelineShape:
     """``output.cog.blocksize``."""
     cog_resampling: str = "average"
     """``output.cog.overview_resampling``: with ``average`` the workers can compress the COG's tiles
-    (:mod:`rasterflow.write.cogtiles`)."""
+    (:mod:`rasterflow.write.cogtiles`, laid out by :func:`rasterflow.writeplan.fast_layout`)."""
     compression: str = "zstd"
     """``output.compression``."""
     halo: int = 0

@@ -39,7 +39,7 @@ from rasterflow.budget.constants import (
 from rasterflow.budget.model import BudgetInputs, PipelineShape, TaskShape, _sizes
 from rasterflow.expr import Expression, parse_expression
 from rasterflow.units import dtype_itemsize
-from rasterflow.write.shards import SHARDS_IN_FLIGHT, shard_side  # stdlib only
+from rasterflow.writeplan import SHARDS_IN_FLIGHT, shard_side  # stdlib only
 
 
 def code_path(shape: PipelineShape, inputs: BudgetInputs) -> str:
@@ -601,7 +601,7 @@ def held_for_shards(shape: PipelineShape, inputs: BudgetInputs) -> int:
     """What a worker holds for Zarr v3 shards (``write.zarr``): a shard is written whole by one task, so every chunk
     result of the shard is held until its last chunk is done and then gathered on the writing worker, which encodes
     it into one stored-dtype array and zarr's encoded shard beside it. The writer keeps
-    :data:`~rasterflow.write.shards.SHARDS_IN_FLIGHT` shard positions in flight: the writing worker holds one whole
+    :data:`~rasterflow.writeplan.SHARDS_IN_FLIGHT` shard positions in flight: the writing worker holds one whole
     shard's results and its share of the next ones' (when the store has more shards). 0 without shards."""
     side = shards_per_side(shape, inputs)
     if side <= 1:

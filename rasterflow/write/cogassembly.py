@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rasterflow.write.cogtiles import BlockTiles, TileLayout, stored_values, halve, level_tiles, tile_order
+from rasterflow.writeplan import TEMPLATE_CACHEMAX  # defined there for the budget, re-exported here
 
 if TYPE_CHECKING:  # pragma: no cover
     from tifffile import TiffFile, TiffPage
@@ -22,8 +23,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Assembly", "make_template", "check_template", "TEMPLATE_CACHEMAX"]
 
-#: GDAL's block cache while it makes the sparse template: every block it reads is empty, none is read twice.
-TEMPLATE_CACHEMAX = 16 * 2**20
 #: TIFF tags of a tiled image's tiles.
 TILE_OFFSETS, TILE_BYTE_COUNTS = 324, 325
 CLASSIC_TIFF_LIMIT = 2**32 - 1

@@ -20,20 +20,31 @@ Overviews are the ``average`` resampling, level by level: each pixel the mean of
 2 x 2 block of the level above, NaN where none is valid. Level sizes are GDAL's, each half the one above, rounded
 down (10980 -> 5490 -> 2745 -> 1372 -> ...): an odd level's last row or column is left out of the next.
 
-This module imports NumPy and the codecs only: it runs in worker processes (see ``rasterflow.tasks``).
+The layout (:class:`TileLayout`, :func:`fast_layout`, the levels, :data:`TIFF_COMPRESSION`, ...) is defined in
+:mod:`rasterflow.writeplan`, which the budget uses too, and re-exported here. This module imports NumPy and the
+codecs only: it runs in worker processes (see ``rasterflow.tasks``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from rasterflow.write.common import Encoding, encode_block
+from rasterflow.write.common import encode_block
+from rasterflow.writeplan import (
+    CLIENT_LEVELS_MAX_BYTES,
+    TIFF_COMPRESSION,
+    TileLayout,
+    assembly_enabled,
+    client_levels_bytes,
+    fast_layout,
+    level_shapes,
+    predictor_code,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from rasterflow.write.stacstats import BlockStats
@@ -44,133 +55,11 @@ __all__ = [
     "tile_order", "TIFF_COMPRESSION", "ZSTD_LEVEL", "DEFLATE_LEVEL", "CLIENT_LEVELS_MAX_BYTES",
 ]
 
-#: TIFF Compression tag values of ``output.compression`` (GDAL writes deflate as Adobe's 8).
-TIFF_COMPRESSION = {"zstd": 50000, "deflate": 8, "lzw": 5, "none": 1}
 #: The ZSTD level of COG tiles: the Zarr writer's (``write.zarr``); GDAL's own default is 9, which cost ~3.5 s more
 #: on the 10980² season's file for 2% less size (GDAL's copy, benchmarks/README.md, "What is left").
 ZSTD_LEVEL = 3
 #: GDAL's default ZLEVEL.
 DEFLATE_LEVEL = 6
-#: The most the client holds of the overview levels it compresses itself, over all files of one write: more, and
-#: the writer uses GDAL's COG driver instead (one file at a time).
-CLIENT_LEVELS_MAX_BYTES = 512 * 2**20
-
-
-@dataclasses.dataclass(frozen=True)
-class TileLayout:
-    """Where a block's tiles go, and how they are encoded: everything a worker task needs."""
-
-    height: int
-    width: int
-    chunk: tuple[int, int]
-    """The regular chunk edges (rows, columns); the last chunk of each axis may be shorter."""
-    blocksize: int
-    levels: tuple[tuple[int, int], ...]
-    """(rows, columns) of level 0 (full resolution) and of each overview level."""
-    worker_levels: int
-    """Levels ``0 .. worker_levels - 1`` are compressed by the worker tasks; the next one is sent as a piece."""
-    bands: int
-    stored: Encoding
-    """The resolved encoding (dtype, scale, offset, nodata) of the stored tiles."""
-    band_names: tuple[str, ...]
-    compression: int
-    predictor: int
-    contig: bool
-    """Pixel-interleaved tiles (``PlanarConfiguration`` 1) when there are several bands; else one tile per band."""
-
-    @property
-    def client_level(self) -> int | None:
-        """The first level the client compresses (None: the workers compress every level)."""
-        return self.worker_levels if self.worker_levels < len(self.levels) else None
-
-    def tiles_across(self, level: int) -> tuple[int, int]:
-        rows, cols = self.levels[level]
-        return math.ceil(rows / self.blocksize), math.ceil(cols / self.blocksize)
-
-    def tile_count(self, level: int) -> int:
-        """Entries of the level's TileOffsets: tiles, times the bands when they are planes of their own."""
-        ty, tx = self.tiles_across(level)
-        return ty * tx * (1 if self.contig else self.bands)
-
-
-def assembly_enabled() -> bool:
-    """Whether writes whose layout allows it compress their tiles on the workers (``RASTERFLOW_COG_WRITER=gdal``:
-    GDAL's COG driver copies every finished file instead, for comparisons)."""
-    import os
-
-    return os.environ.get("RASTERFLOW_COG_WRITER", "").lower() != "gdal"
-
-
-def level_shapes(height: int, width: int, blocksize: int) -> tuple[tuple[int, int], ...]:
-    """Level 0 and GDAL's COG overview levels (``OVERVIEWS=AUTO``): halved, rounded down, until both edges fit
-    one tile."""
-    shapes = [(height, width)]
-    while max(shapes[-1]) > blocksize:
-        rows, cols = shapes[-1]
-        if rows < 2 or cols < 2:
-            break
-        shapes.append((rows // 2, cols // 2))
-    return tuple(shapes)
-
-
-def predictor_code(predictor: str, compression: str, stored_dtype: str) -> int:
-    """The TIFF Predictor GDAL writes for ``output.cog.predictor`` (auto: 3 for floats, 2 for integers; 1 without
-    compression)."""
-    if compression == "none" or predictor == "none":
-        return 1
-    if predictor == "standard":
-        return 2
-    if predictor == "floating_point":
-        return 3
-    return 3 if np.dtype(stored_dtype).kind == "f" else 2
-
-
-def fast_layout(*, height: int, width: int, chunks: tuple[tuple[int, ...], tuple[int, ...]], blocksize: int,
-                resampling: str, computed_dtype: npt.DTypeLike, stored: Encoding, band_names: tuple[str, ...],
-                compression: str, predictor: str, files: int = 1) -> TileLayout | None:
-    """The layout of the worker-compressed COG, or None when this write needs GDAL's COG driver instead.
-
-    The tiles can be made block by block when the overviews are ``average`` over float results, every chunk but the
-    last of each axis covers whole tiles, the chunk edges stay even down to the smallest overview (so each chunk's
-    overview pixels are the whole image's), and the small levels the client keeps fit
-    :data:`CLIENT_LEVELS_MAX_BYTES` for ``files`` files.
-    """
-    if resampling.lower() != "average" or np.dtype(computed_dtype).kind != "f" or compression not in TIFF_COMPRESSION:
-        return None
-    levels = level_shapes(height, width, blocksize)
-    steps = len(levels) - 1
-    edges: list[tuple[int, bool]] = []
-    for axis_chunks in chunks:
-        edge = int(axis_chunks[0])
-        if any(int(c) != edge for c in axis_chunks[:-1]) or int(axis_chunks[-1]) > edge:
-            return None
-        single = len(axis_chunks) == 1
-        if not single and (edge % blocksize or edge % (2 ** steps)):
-            return None
-        edges.append((edge, single))
-    worker_levels = 0
-    for level in range(len(levels)):
-        if all(single or (edge >> level) % blocksize == 0 for edge, single in edges):
-            worker_levels = level + 1
-        else:
-            break
-    itemsize = np.dtype(computed_dtype).itemsize
-    client_bytes = sum(rows * cols for rows, cols in levels[worker_levels:]) * len(band_names) * itemsize
-    if client_bytes * files > CLIENT_LEVELS_MAX_BYTES:
-        return None
-    many = len(band_names) > 1
-    return TileLayout(
-        height=height, width=width, chunk=(edges[0][0], edges[1][0]), blocksize=blocksize, levels=levels,
-        worker_levels=worker_levels, bands=len(band_names), stored=stored, band_names=band_names,
-        compression=TIFF_COMPRESSION[compression], predictor=predictor_code(predictor, compression, stored.dtype or
-                                                                             np.dtype(computed_dtype).name),
-        contig=many,
-    )
-
-
-def client_levels_bytes(layout: TileLayout, itemsize: int) -> int:
-    """What the client holds per file for the levels it compresses."""
-    return sum(r * c for r, c in layout.levels[layout.worker_levels:]) * layout.bands * itemsize
 
 
 # --------------------------------------------------------------------------------------------------------------------
