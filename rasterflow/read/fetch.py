@@ -133,13 +133,35 @@ def s3_config(environ: Mapping[str, str] | None = None) -> S3Config:
     return config
 
 
+@dataclass(frozen=True)
+class _Submission:
+    """The arguments of one :meth:`RangeClient.submit` until the loop starts it."""
+
+    future: concurrent.futures.Future[list[Answer]]
+    href: str
+    url: str
+    ranges: Sequence[tuple[int, int]]
+    policy: RetryPolicy
+    run_id: str
+    on_retry: Callable[[], None] | None
+    header: bool
+
+
+def _cancel_all(tasks: Sequence[asyncio.Task[Answer]]) -> None:
+    for task in tasks:
+        task.cancel()
+
+
 class RangeClient:
     """The range requests of one process: an event loop in a daemon thread, bounded in flight."""
 
     def __init__(self, concurrency: int):
         self.concurrency = max(1, int(concurrency))
-        self._lock = threading.Lock()
-        self._in_flight = 0
+        self._in_flight = 0  # changed in the loop's thread only
+        # submissions not yet started in the loop: one wake-up of the loop for a burst of them, not one each
+        self._queue_lock = threading.Lock()
+        self._queued: list[_Submission] = []
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rasterflow-io", daemon=True)
         self._thread.start()
@@ -157,9 +179,19 @@ class RangeClient:
                header: bool = False) -> concurrent.futures.Future[list[Answer]]:
         """Fetch ``ranges`` (``(start, length)`` each, one request each) of ``url`` (``href`` signed, or as it is)
         -> a future of ``list[Answer]``; ``href`` names the file in errors. ``on_retry`` runs (in the loop's
-        thread) before each retry."""
-        return asyncio.run_coroutine_threadsafe(
-            self._fetch_all(href, url, ranges, policy, run_id, on_retry, header), self._loop)
+        thread) before each retry. Cancelling the future cancels its requests (their places in flight are freed)."""
+        future: concurrent.futures.Future[list[Answer]] = concurrent.futures.Future()
+        with self._queue_lock:
+            self._queued.append(_Submission(future, href, url, ranges, policy, run_id, on_retry, header))
+            wake = len(self._queued) == 1  # else a wake-up is on its way and will start this one too
+        if wake:
+            try:
+                self._loop.call_soon_threadsafe(self._start_queued)
+            except RuntimeError:  # the client was closed: the loop runs no more
+                with self._queue_lock:
+                    self._queued.clear()
+                raise
+        return future
 
     def close(self) -> None:
         async def _close() -> None:
@@ -170,16 +202,73 @@ class RangeClient:
             asyncio.run_coroutine_threadsafe(_close(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        if not self._thread.is_alive():  # else it is still running: leave it to the interpreter's exit
+            self._loop.close()  # its selector and self-pipe (else a ResourceWarning when it is collected)
 
     # ---- in the loop ------------------------------------------------------------------------------------------
 
-    async def _fetch_all(self, href: str, url: str, ranges: Sequence[tuple[int, int]], policy: RetryPolicy,
-                         run_id: str, on_retry: Callable[[], None] | None, header: bool) -> list[Answer]:
-        return list(await asyncio.gather(*(self._fetch_retried(href, url, start, length, policy, run_id, on_retry,
-                                                               header) for start, length in ranges)))
+    def _start_queued(self) -> None:
+        with self._queue_lock:
+            queued, self._queued = self._queued, []
+        for each in queued:
+            self._start(each)
+
+    def _start(self, job: _Submission) -> None:
+        """A task per range of ``job``; its future gets their answers in order, or the first failure (the other
+        ranges go on, as under ``asyncio.gather``). Done without a task and a gather of its own per submission: at
+        ~13k requests a run, the client's CPU per request is what a worker's cores pay for remote reads."""
+        future = job.future
+        if future.cancelled():
+            return
+        tasks = [self._loop.create_task(self._fetch_retried(job.href, job.url, start, length, job.policy,
+                                                            job.run_id, job.on_retry, job.header))
+                 for start, length in job.ranges]
+        left = len(tasks)
+
+        def settle(task: asyncio.Task[Answer]) -> None:
+            nonlocal left
+            left -= 1
+            if future.done():  # failed already, or cancelled: only take the error off the task (else it is logged)
+                if not task.cancelled():
+                    task.exception()
+                return
+            if task.cancelled():
+                future.cancel()
+            elif task.exception() is not None:
+                if future.set_running_or_notify_cancel():
+                    future.set_exception(task.exception())
+            elif left == 0 and future.set_running_or_notify_cancel():
+                future.set_result([each.result() for each in tasks])
+
+        def cancelled(done: concurrent.futures.Future[list[Answer]]) -> None:  # in the thread that cancelled
+            if done.cancelled():
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nothing runs in it anymore
+                    self._loop.call_soon_threadsafe(_cancel_all, tasks)
+
+        if not tasks:
+            if future.set_running_or_notify_cancel():
+                future.set_result([])
+            return
+        for task in tasks:
+            task.add_done_callback(settle)
+        future.add_done_callback(cancelled)
 
     async def _fetch_retried(self, href: str, url: str, start: int, length: int, policy: RetryPolicy, run_id: str,
                              on_retry: Callable[[], None] | None, header: bool) -> Answer:
+        """The range, tried again under ``policy`` after a transient failure. The first try is made directly
+        (most succeed): tenacity's ``AsyncRetrying`` is built only after a transient failure, whose first attempt
+        then gives that failure again instead of a request, so the tries, their waits, the retries counted through
+        ``on_retry`` and the message when it gives up are tenacity's as before."""
+        try:
+            return await self._fetch_once(href, url, start, length, policy, run_id, header)
+        except ReadFailedError as err:
+            if not err.transient:
+                raise
+            first = err
+        return await self._retried(first, href, url, start, length, policy, run_id, on_retry, header)
+
+    async def _retried(self, first: ReadFailedError, href: str, url: str, start: int, length: int,
+                       policy: RetryPolicy, run_id: str, on_retry: Callable[[], None] | None, header: bool) -> Answer:
         import tenacity
 
         def transient(err: BaseException) -> bool:
@@ -199,6 +288,8 @@ class RangeClient:
                     retry=tenacity.retry_if_exception(transient), before_sleep=before_sleep, reraise=True):
                 with trying:
                     attempt = trying.retry_state.attempt_number
+                    if attempt == 1:
+                        raise first  # the first try, made already by _fetch_retried
                     return await self._fetch_once(href, url, start, length, policy, run_id, header)
         except ReadFailedError as err:
             if attempt > 1:
@@ -212,9 +303,8 @@ class RangeClient:
     async def _fetch_once(self, href: str, url: str, start: int, length: int, policy: RetryPolicy, run_id: str,
                           header: bool) -> Answer:
         async with self._limit:
-            with self._lock:
-                self._in_flight += 1
-                in_flight = self._in_flight
+            self._in_flight += 1
+            in_flight = self._in_flight
             started = time.perf_counter()
             received = 0
             try:
@@ -224,8 +314,7 @@ class RangeClient:
                     answer = await self._http(href, url, start, length, policy, header)
                 received = len(answer.data)
             finally:
-                with self._lock:
-                    self._in_flight -= 1
+                self._in_flight -= 1
                 record_io(run_id, requests=1, bytes=received, header_reads=int(header),
                           request_seconds=time.perf_counter() - started, in_flight=in_flight)
             return answer
@@ -237,7 +326,10 @@ class RangeClient:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=self.concurrency, limit_per_host=self.concurrency)
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        timeout = aiohttp.ClientTimeout(total=policy.timeout, connect=min(policy.timeout, 10.0))
+        timeout = self._timeouts.get(policy.timeout)
+        if timeout is None:
+            timeout = self._timeouts[policy.timeout] = aiohttp.ClientTimeout(total=policy.timeout,
+                                                                             connect=min(policy.timeout, 10.0))
         end = start + length - 1
         try:
             async with self._session.get(url, headers={"Range": f"bytes={start}-{end}"}, timeout=timeout) as answer:
