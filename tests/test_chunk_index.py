@@ -401,3 +401,24 @@ def test_sub_blocks_give_the_whole_chunks_result(four_tiles, without_july_tile0,
     dataset = graph.build_dataset(blocked).compute(scheduler="synchronous")
     for name, expected in _all_items_result(plan).items():
         np.testing.assert_array_equal(dataset[name].values, expected, err_msg=name)
+
+
+def test_plan_counts_one_request_per_row_of_tiles_when_remote_sub_blocks_go_across(sample, tmp_path):
+    """``plan``'s remote requests: per file and chunk one per row of the chunk's tiles when the sub-blocks are
+    taken across each row of them (the concurrent reader's order), one per tile of a row when they go down each
+    column of one tile's width (each column fetches its tiles apart)."""
+    from rasterflow.planning.cost import RemoteProbe, remote_cost
+
+    plan = _plan(sample, tmp_path, chunks="{time: -1, y: 256, x: 256}")  # one chunk: 2 x 2 tiles of 128²
+    assert plan.sources is not None
+    probe = RemoteProbe(round_trip=0.04, bytes_per_pixel=0.5, decodable=True)
+    files = sum(read is not None for reads in plan.sources.reads for read in reads)
+
+    def requests(across: bool) -> int:
+        inputs = dataclasses.replace(plan.report.inputs, remote_fetch=across, source_tile=(128, 128))
+        report = dataclasses.replace(plan.report, sub_block=(128, 128), inputs=inputs)
+        return remote_cost(plan.sources, report, plan.layout, plan.chunk_index, probe, files, 0, 0, 64).requests
+
+    headers = min(files, files * plan.layout.n_workers)
+    assert requests(True) == headers + files * 2  # a row of tiles per request
+    assert requests(False) == headers + files * 4  # a tile per request

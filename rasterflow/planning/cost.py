@@ -45,8 +45,9 @@ class RemoteCost:
 
     files: int
     requests: int
-    """Header reads (one per file and worker process) plus one range request per file, chunk and column of
-    sub-blocks and run of adjacent tiles (an estimate from the chunk index and the tiling)."""
+    """Header reads (one per file and worker process) plus one range request per file, chunk and row of tiles (and
+    column of sub-blocks where they are taken down each column): an estimate from the chunk index and the
+    tiling."""
     bytes: int
     """Compressed bytes of the tiles the chunks need (the probed file's ratio; uncompressed when unknown)."""
     round_trip: float | None
@@ -158,14 +159,15 @@ def job_cost(sources: SourceTable, grid: GridPlan, report: budget.BudgetReport, 
 def remote_cost(sources: SourceTable, report: budget.BudgetReport, layout: WorkerLayout, index: ChunkIndex | None,
                 probe: RemoteProbe | None, files: int, pixels: int, nbytes: int, concurrency: int) -> RemoteCost:
     """The requests of the concurrent reader: a header per file and worker process, then per file and chunk one
-    request per row of tiles the chunk spans and per column of sub-blocks (a sub-block column one tile wide fetches
-    its tiles apart from its neighbour's); the waiting if ``concurrency`` requests are in flight per process."""
+    request per row of tiles the chunk spans (its sub-blocks taken across each row of them,
+    :func:`~rasterflow.budget.sub_blocks_across`; else also one per column of sub-blocks, which fetch their tiles
+    apart from their neighbours'); the waiting if ``concurrency`` requests are in flight per process."""
     inputs = report.inputs
     processes = max(1, layout.n_workers if layout.processes else 1)
     tile_y, tile_x = inputs.source_tile or (inputs.chunk_yx[0], inputs.chunk_yx[1])
     chunk_y, chunk_x = inputs.chunk_yx
     rows, cols = report.sub_block
-    columns = -(-chunk_x // cols) if cols else 1
+    columns = -(-chunk_x // cols) if cols and not budget.sub_blocks_across(inputs) else 1
     per_file_chunk = (-(-chunk_y // tile_y)) * max(1, min(columns, -(-chunk_x // tile_x)))
     n_assets = max(1, len(sources.assets))
     if index is not None:
