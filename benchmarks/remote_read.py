@@ -5,8 +5,9 @@ latency, rasterflow (one process and worker processes) next to odc-stac + odc-al
                                      [--bandwidth 50MB] [--rounds 1] [--variants ...] [--gdal-python PATH]
 
 The sample (``common.sample``: one ``size``² tile x ``dates`` dates of 512² ZSTD COGs) is served by
-``latency_server.py`` in a process of its own (plain asyncio, sendfile: ~0.2 ms of its CPU a request), which waits ``--latency`` seconds before every
-answer and, with ``--bandwidth``, sends at most that many bytes a second per connection. Variants, each a fresh
+``latency_server.py`` in a process of its own (plain asyncio and sendfile: ~0.2 ms of its CPU a request, taken from
+the same cores), which waits ``--latency`` seconds before every answer and, with ``--bandwidth``, sends at most that
+many bytes a second per connection. Variants, each a fresh
 process, interleaved per round (A B C ... A B C ...):
 
 * ``rf-local`` / ``rf-local-procs``: rasterflow on the local files, one process (``cluster.processes: false``, 2
