@@ -464,6 +464,44 @@ def test_transient_faults_are_retried_and_the_values_are_bit_for_bit(files, faul
     assert retries == {read.href: 1} if retried else retries in ({}, {read.href: 1}, {read.href: 2})
 
 
+@pytest.mark.parametrize("fault, retried", [
+    (Fault("truncate", path="/u16_zstd_pred2.tif", nth={2}), True),
+    (Fault("status", path="/u16_zstd_pred2.tif", nth={2}, status=503), True),
+])
+def test_a_row_of_tiles_fetched_once_for_several_windows_is_retried_whole(files, fault, retried):
+    """Sub-blocks across each row of them share one request per row of tiles: a transient failure of that request
+    is retried once for all of its windows, whose values are GDAL's bit for bit."""
+    name = "u16_zstd_pred2"  # 256² tiles
+    windows = [((t, t + 256), (c, c + 256)) for t in (ROW0, ROW0 + 256) for c in (COL0, COL0 + 256, COL0 + 512)]
+    with fault_server(files, faults=[fault]) as server:
+        read = _read(name, f"{server.url}/{name}.tif")
+        results, _ = _read_all([read], windows, ReadPolicy(retry=FAST, run_id="row-retry"), ["uint16"])
+        ranged = [r for _, _, r, _ in server.log if r and not r.startswith("bytes=0-")]
+    assert len(ranged) == 3  # two rows of tiles, one of them twice
+    for rows, cols in windows:
+        np.testing.assert_array_equal(results[(0, rows, cols)][0], _gdal_window(files / f"{name}.tif", rows, cols,
+                                                                               "uint16")[0])
+    assert collect("row-retry")["retries"] == {read.href: 1}
+
+
+def test_a_row_of_tiles_that_cannot_be_read_fails_every_window_that_needs_it(files):
+    """A final failure (404) of a request holding the tiles of several windows fails each of those windows with
+    the file named, not only the first."""
+    name = "u16_zstd_pred2"
+    windows = [((ROW0, ROW0 + 256), (c, c + 256)) for c in (COL0, COL0 + 256, COL0 + 512)]
+    with fault_server(files, faults=[Fault("status", path=f"/{name}.tif", always=True, status=404,
+                                           ranged_only=True)]) as server:
+        read = _read(name, f"{server.url}/{name}.tif")
+        with task_reads([[read]], GRID, windows, ReadPolicy(retry=FAST, run_id="row-404")) as session:
+            assert session is not None
+            for rows, cols in windows:
+                out = np.zeros((256, 256), dtype="uint16")
+                with pytest.raises(ReadFailedError, match="HTTP 404") as caught:
+                    session.read(read, rows, cols, out, None)
+                assert caught.value.href == read.href and caught.value.status == 404
+    collect("row-404")
+
+
 @pytest.mark.parametrize("fault, message, status, attempts", [
     (Fault("status", path="/u8_lzw.tif", always=True, status=404), "HTTP 404", 404, 1),
     (Fault("status", path="/u8_lzw.tif", always=True, status=403), "HTTP 403", 403, 1),
