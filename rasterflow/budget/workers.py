@@ -68,8 +68,8 @@ def open_file_bytes(inputs: BudgetInputs) -> int:
 def remote_io_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
     """Compressed tiles one task of the concurrent remote reader holds: ``source.io.buffer`` fetched ahead of its
     decoder, plus, for every file of the chunk, the row of the chunk's tiles its current sub-block needs: the reader
-    fetches a row of tiles in one request and keeps it until the last sub-block across that row
-    (:func:`sub_blocks_across`) has decoded it. 0 when the job's files are not read that way."""
+    fetches a row of tiles in one request (:func:`sub_blocks_across`), which arrives whole; each tile then goes when
+    the last sub-block that needs it is decoded. 0 when the job's files are not read that way."""
     if not inputs.remote_fetch:
         return 0
     rows, cols = sub_block(shape, inputs)

@@ -188,6 +188,11 @@ class _Fetch:
     """Decoded from at least once (its bytes no longer count as fetched ahead)."""
     released: bool = False
     """Its bytes were dropped (no later window needs its tiles)."""
+    parts: dict[int, bytes] | None = None
+    """A fetch of several tiles once it arrived: each tile's bytes on their own, so that each goes when the last
+    window that needs it is decoded (a row of tiles serves the windows across it one after the other)."""
+    held: int = 0
+    """Bytes of this fetch the task holds (in flight or arrived, not yet dropped)."""
 
 
 @dataclass(eq=False)
@@ -215,6 +220,8 @@ class TaskReads:
         self.events: list[_Event] = []
         self.by_key: dict[tuple[str, tuple[int, int], tuple[int, int]], collections.deque[int]] = {}
         self.tile_refs: dict[tuple[str, int], int] = {}
+        self.tile_left: dict[tuple[str, int], int] = {}
+        """Per tile, the windows still to decode it (its bytes go at 0)."""
         self.tile_fetch: dict[tuple[str, int], _Fetch] = {}
         self.header_errors: dict[str, ReadFailedError] = {}
         self.mismatch: dict[str, Exception] = {}
@@ -302,6 +309,7 @@ class TaskReads:
                     self.tile_fetch[(href, number)] = fetch
         for (href, number), fetch in self.tile_fetch.items():
             fetch.pending_tiles += self.tile_refs[(href, number)]
+        self.tile_left = dict(self.tile_refs)
         self._pump()
 
     def _pump(self) -> None:
@@ -326,6 +334,7 @@ class TaskReads:
                                            self.policy.run_id, on_retry=_counting(self.policy, fetch.href))
         self.ahead += fetch.length
         self.holding += fetch.length
+        fetch.held = fetch.length
         self.holding_peak = max(self.holding_peak, self.holding)
 
     # ---- the decoder's side -----------------------------------------------------------------------------------
@@ -396,26 +405,47 @@ class TaskReads:
     def _bytes(self, fetch: _Fetch, number: int) -> memoryview:
         if fetch.error is not None:
             raise fetch.error
-        if fetch.data is None:
+        if fetch.data is None and fetch.parts is None:
             if fetch.future is None:  # planned beyond what was issued (the decoder jumped ahead): issue it now
                 self._issue(fetch)
             future = fetch.future
             assert future is not None  # issued (now or before) and not yet answered
             waited = time.perf_counter()
             try:
-                fetch.data = future.result()[0].data
+                data = future.result()[0].data
             except ReadFailedError as err:
                 fetch.error = err
                 raise
             finally:
                 fetch.future = None  # the future would keep the bytes alive after they are dropped
                 record_io(self.policy.run_id, wait_seconds=time.perf_counter() - waited)
+            if len(fetch.tiles) > 1:
+                self._split(fetch, data)
+            else:
+                fetch.data = data
         if not fetch.touched:
             fetch.touched = True
             self.ahead -= fetch.length
+        if fetch.parts is not None:
+            return memoryview(fetch.parts[number])
+        assert fetch.data is not None
         start = int(fetch.index.offsets[number]) - fetch.start
         # a view, not a copy: the decoders take any buffer
         return memoryview(fetch.data)[start:start + int(fetch.index.byte_counts[number])]
+
+    def _split(self, fetch: _Fetch, data: bytes) -> None:
+        """A fetch of several tiles, arrived: each tile's bytes apart (the gaps read through are dropped), so that
+        each goes after the last window that needs it, not after the last window that needs any of them. A tile
+        whose windows are all done already (skipped) is not kept."""
+        view = memoryview(data)
+        parts: dict[int, bytes] = {}
+        for number in fetch.tiles:
+            if self.tile_left.get((fetch.href, number), 0) > 0:
+                start = int(fetch.index.offsets[number]) - fetch.start
+                parts[number] = bytes(view[start:start + int(fetch.index.byte_counts[number])])
+        kept = sum(len(part) for part in parts.values())
+        self.holding -= fetch.held - kept
+        fetch.held, fetch.parts = kept, parts
 
     def _consume(self, event: _Event) -> None:
         if event.consumed:
@@ -427,6 +457,11 @@ class TaskReads:
             if fetch is None:
                 continue
             fetch.pending_tiles -= 1
+            self.tile_left[key] -= 1
+            if self.tile_left[key] <= 0 and fetch.parts is not None and number in fetch.parts:
+                gone = len(fetch.parts.pop(number))  # this tile's last window is done: its bytes go
+                fetch.held -= gone
+                self.holding -= gone
             if fetch.pending_tiles <= 0:
                 if not fetch.touched and (fetch.future is not None or fetch.data is not None):
                     fetch.touched = True
@@ -435,8 +470,9 @@ class TaskReads:
                     fetch.future.cancel()
                 if not fetch.released:
                     fetch.released = True
-                    self.holding -= fetch.length
-                fetch.data, fetch.future = None, None  # the last window that needs its tiles is done: the bytes go
+                    self.holding -= fetch.held
+                    fetch.held = 0
+                fetch.data, fetch.future, fetch.parts = None, None, None  # no later window needs its tiles
 
     def close(self) -> None:
         """Drop every byte the task still holds (also when it failed: nothing is kept for the next task); the most it
@@ -445,7 +481,7 @@ class TaskReads:
             record_io(self.policy.run_id, held_peak=self.holding_peak)
         for fetch in set(self.tile_fetch.values()):
             if fetch is not None:
-                fetch.data = None
+                fetch.data, fetch.parts = None, None
                 if fetch.future is not None:
                     fetch.future.cancel()
         self.events.clear()
