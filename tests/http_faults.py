@@ -17,7 +17,8 @@ seed, never on timing or thread interleaving:
 Kinds: ``status`` (e.g. 503, 500, 429, 404, 403, with an optional ``Retry-After``), ``reset`` (the connection is
 closed with a TCP RST before any byte of the answer), ``truncate`` (headers and part of the body, then RST),
 ``stall`` (wait ``seconds``, then answer normally: a timeout for a client that waits less) and ``bad_range`` (a 206
-whose ``Content-Range`` and body are the range one byte further on: a proxy or cache that mixed up answers). ``latency`` adds a
+whose ``Content-Range`` and body are the range one byte further on, or one byte before for a range that ends the
+file: a proxy or cache that mixed up answers). ``latency`` adds a
 delay to every request (benchmarks).
 
 The server counts requests per path (``server.count(path)``) and logs ``(method, path, range, status)`` per
@@ -276,6 +277,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return 416, [*base, ("Content-Range", f"bytes */{size}")], b""
             if shift and end + shift < size:
                 start, end = start + shift, end + shift
+            elif shift and start - shift >= 0:  # a range that ends the file: one byte before it, wrong all the same
+                start, end = start - shift, end - shift
             ranges.append((start, end))
         if len(ranges) == 1:
             start, end = ranges[0]

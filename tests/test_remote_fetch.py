@@ -455,15 +455,20 @@ def test_transient_faults_are_retried_and_the_values_are_bit_for_bit(files, faul
     """Plain URLs and URLs with a query string (as signed ones are)."""
     name = "u16_zstd_pred2"
     windows = _windows(400, 500)
+    run_id = f"transient-{fault.kind}-{sorted(fault.nth)}-{bool(query)}"  # a run of its own: nothing from another
     with fault_server(files, faults=[fault]) as server:
         read = _read(name, f"{server.url}/{name}.tif{query}")
-        results, _ = _read_all([read], windows, ReadPolicy(retry=FAST, run_id="transient"), ["uint16"])
+        results, _ = _read_all([read], windows, ReadPolicy(retry=FAST, run_id=run_id), ["uint16"])
         assert server.statuses()[fault.status if fault.kind == "status" else fault.kind] >= (fault.kind != "stall")
+        log = list(server.log)
     for rows, cols in windows:
         np.testing.assert_array_equal(results[(0, rows, cols)][0], _gdal_window(files / f"{name}.tif", rows, cols,
                                                                                "uint16")[0])
-    retries = collect("transient")["retries"]
-    assert retries == {read.href: 1} if retried else retries in ({}, {read.href: 1}, {read.href: 2})
+    retries = collect(run_id)["retries"]
+    if retried:
+        assert retries == {read.href: 1}, (retries, log)
+    else:
+        assert retries in ({}, {read.href: 1}, {read.href: 2}), (retries, log)
 
 
 @pytest.mark.parametrize("fault, retried", [
@@ -589,3 +594,17 @@ def test_the_budget_bounds_the_compressed_bytes_a_task_holds(sample, tmp_path):
     io = json.loads((tmp_path / "out" / "held.zarr.report.json").read_text())["reads"]["io"]
     measured = io["held_peak"]
     assert 0.5 * predicted <= measured <= predicted, (measured, predicted)
+
+
+def test_the_bad_range_fault_is_wrong_for_a_range_that_ends_the_file_too(files):
+    """The fault server's ``bad_range`` shifts every range, the file's last bytes included (a range that ends the
+    file is sent one byte early): whichever request it hits is one the reader must refuse and retry."""
+    import urllib.request
+
+    size = (files / "u8_lzw.tif").stat().st_size
+    with fault_server(files, faults=[Fault("bad_range", path="/u8_lzw.tif", always=True)]) as server:
+        for first, last in ((0, 99), (size - 100, size - 1)):
+            asked = urllib.request.Request(f"{server.url}/u8_lzw.tif", headers={"Range": f"bytes={first}-{last}"})
+            with urllib.request.urlopen(asked) as answer:
+                got = answer.headers["Content-Range"]
+            assert got != f"bytes {first}-{last}/{size}" and got.endswith(f"/{size}")
