@@ -219,7 +219,6 @@ class TaskReads:
         self.grid = grid
         self.events: list[_Event] = []
         self.by_key: dict[tuple[str, tuple[int, int], tuple[int, int]], collections.deque[int]] = {}
-        self.tile_refs: dict[tuple[str, int], int] = {}
         self.tile_left: dict[tuple[str, int], int] = {}
         """Per tile, the windows still to decode it (its bytes go at 0)."""
         self.tile_fetch: dict[tuple[str, int], _Fetch] = {}
@@ -291,7 +290,7 @@ class TaskReads:
                     self.events.append(event)
                     for number in tiles:
                         key = (read.href, number)
-                        self.tile_refs[key] = self.tile_refs.get(key, 0) + 1
+                        self.tile_left[key] = self.tile_left.get(key, 0) + 1
                         if index.byte_counts[number] <= 0:
                             continue  # sparse: nothing to fetch
                         span = spans.get(key)
@@ -308,8 +307,7 @@ class TaskReads:
                 for number in fetch.tiles:
                     self.tile_fetch[(href, number)] = fetch
         for (href, number), fetch in self.tile_fetch.items():
-            fetch.pending_tiles += self.tile_refs[(href, number)]
-        self.tile_left = dict(self.tile_refs)
+            fetch.pending_tiles += self.tile_left[(href, number)]
         self._pump()
 
     def _pump(self) -> None:
