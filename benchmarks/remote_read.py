@@ -149,7 +149,10 @@ def main() -> None:
                     results[variant].append((m, served, io, compare(read_result(output), reference)))
                     print(f"  {latency * 1000:.0f} ms round {r + 1} {variant:<16} {m.wall:6.2f} s  {gb(m.peak_rss)}"
                           f"  requests {served.get('requests', '-')}  in flight {served.get('in_flight_peak', '-')}"
-                          f"  load {os.getloadavg()[0]:.1f}", flush=True)
+                          f"  load {os.getloadavg()[0]:.1f}"
+                          + (f"  waited {io.get('wait_seconds', 0):.1f} s (first windows "
+                             f"{io.get('first_wait_seconds', 0):.1f} s), tasks started ahead "
+                             f"{io.get('tasks_ahead', 0)}/{io.get('tasks', 0)}" if io else ""), flush=True)
             walls = {v: sorted(x[0].wall for x in results[v])[len(results[v]) // 2] for v in names}
             for variant in names:
                 m, served, io, same = results[variant][-1]

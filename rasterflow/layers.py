@@ -24,11 +24,30 @@ if TYPE_CHECKING:  # pragma: no cover
 #: A task in Dask's graph specification: a tuple with a callable first, then its arguments.
 Task = tuple[Any, ...]
 
-__all__ = ["TaskLayer", "lazy_array", "layer_named", "stack_blocks"]
+__all__ = ["TaskLayer", "lazy_array", "layer_named", "stack_blocks", "prefetch_with", "prefetch"]
 
 #: Our layers by name, alive as long as an array holds them: how the writers' bounded submission
 #: (:class:`rasterflow.write.submit.BlockTasks`) finds a block's task without looking into Dask's graphs.
 _LAYERS: weakref.WeakValueDictionary[str, TaskLayer] = weakref.WeakValueDictionary()
+
+
+#: Task functions whose reads can start before the task does, and how (:func:`prefetch_with`).
+_PREFETCH: dict[Callable[..., Any], Callable[..., Callable[[], None] | None]] = {}
+
+
+def prefetch_with(function: Callable[..., Any], ahead: Callable[..., Callable[[], None] | None]) -> None:
+    """Register ``ahead(*args)``: start the reads of the task ``(function, *args)`` in this process before a thread
+    runs it (the task takes them over when it starts), returning a callable that drops them if it never does (or
+    None when there is nothing to start). The writers call it, through :func:`prefetch`, for the chunks they
+    queue on a worker in their own process."""
+    _PREFETCH[function] = ahead
+
+
+def prefetch(function: Callable[..., Any], args: tuple[Any, ...]) -> Callable[[], None] | None:
+    """Start the reads of the task ``(function, *args)`` ahead if its function registered how
+    (:func:`prefetch_with`); the callable that drops them, or None."""
+    ahead = _PREFETCH.get(function)
+    return ahead(*args) if ahead is not None else None
 
 
 def layer_named(name: object) -> TaskLayer | None:

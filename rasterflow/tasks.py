@@ -18,8 +18,9 @@ import numpy as np
 from rasterflow import kernels
 from rasterflow.allocator import release_free_memory
 from rasterflow.errors import RasterflowError
+from rasterflow.layers import prefetch_with
 from rasterflow.read import ReadJob, gdal_env, item_stream
-from rasterflow.read.prefetch import task_reads
+from rasterflow.read.prefetch import ahead, task_reads
 
 __all__ = ["chunk_reduce", "chunk_bands"]
 
@@ -160,6 +161,23 @@ def chunk_bands(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], prog
         return clip(kernels.band_block(cleaned_stream(job, rows, cols, program), program, view), job, rows, cols,
                     program)
 
+
+def _reduce_ahead(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], program: kernels.Program,
+                  view: kernels.TaskItems | None = None, block: tuple[int, int] = (0, 0),
+                  across: bool = False) -> Callable[[], None] | None:
+    """Start the reads of :func:`chunk_reduce`'s task before it runs (the same windows, in the same order)."""
+    windows = list(_sub_blocks(rows, cols, block, across))
+    return ahead(job.reads, job.grid, _read_windows(job, windows, program), job.read_policy())
+
+
+def _bands_ahead(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], program: kernels.Program,
+                 view: kernels.TaskItems | None = None) -> Callable[[], None] | None:
+    """Start the reads of :func:`chunk_bands`' task before it runs."""
+    return ahead(job.reads, job.grid, _read_windows(job, [(rows, cols)], program), job.read_policy())
+
+
+prefetch_with(chunk_reduce, _reduce_ahead)
+prefetch_with(chunk_bands, _bands_ahead)
 
 # ---------------------------------------------------------------------------------------------------------------
 # The tree path (time chunked, a streaming reduction): partials per time chunk, combined four at a time, finished.

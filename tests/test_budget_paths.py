@@ -636,3 +636,23 @@ def test_remote_reads_hold_a_row_of_the_chunks_tiles_per_file():
     assert rows < 512 and cols == 512
     deep_files = deep.files_per_chunk or deep.n_time * len(shape.assets_loaded)
     assert budget.remote_io_bytes(shape, deep) == 8_000_000 + int(deep_files * 2 * 512 * 512 * 0.75)
+
+
+def test_reads_started_ahead_are_counted_once_more_per_task_in_one_process():
+    """In the one-process layout each running task's successor has its remote reads started before it runs
+    (``read.prefetch.ahead``), holding at most what a running task holds: the worker's remote-read term counts each
+    task's twice there, once with worker processes (whose queued tasks the writer cannot see), none locally."""
+    from rasterflow.budget.constants import REMOTE_CLIENT_BYTES
+
+    shape = _shape("median")
+    one = _inputs(n_time=36, source_tile=(512, 512), threads_per_worker=2, one_process=True, remote_fetch=True,
+                  io_buffer=8_000_000, source_bytes_per_pixel=0.75)
+    per_task = budget.remote_io_bytes(shape, one)
+    assert budget.started_ahead(one)
+    assert budget.remote_io_total(shape, one, 2) == 2 * 2 * per_task + REMOTE_CLIENT_BYTES
+    workers = dataclasses.replace(one, one_process=False)
+    assert not budget.started_ahead(workers)
+    assert budget.remote_io_total(shape, workers, 2) == 2 * budget.remote_io_bytes(shape, workers) \
+        + REMOTE_CLIENT_BYTES
+    local = dataclasses.replace(one, remote_fetch=False)
+    assert not budget.started_ahead(local) and budget.remote_io_total(shape, local, 2) == 0

@@ -437,6 +437,98 @@ def test_the_buffer_bounds_the_bytes_fetched_ahead(files):
     collect("buffer")
 
 
+# ---- reads started ahead of their task ----------------------------------------------------------------------------
+
+
+def _data_requests(server) -> list[str]:
+    """The ranges the server was asked for, headers (``bytes=0-...``) left out."""
+    return [r for _, _, r, _ in list(server.log) if r and not r.startswith("bytes=0-")]
+
+
+def _wait_for(condition, seconds: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_task_takes_over_the_reads_started_ahead_of_it(files):
+    """Reads started before the task runs (as the writer starts a queued task's in the one-process layout) are
+    in flight or arrived when it starts: the task takes them over and asks for nothing twice (the same requests
+    as a task that started them itself), and its values are GDAL's."""
+    names = ["u16_zstd_pred2", "i16_lzw"]
+    dtypes = [FILES[n][0] for n in names]
+    windows = _windows(256, 256)
+    with fault_server(files, latency=0.05) as server:
+        reads = [_read(n, f"{server.url}/{n}.tif") for n in names]
+        policy = ReadPolicy(retry=FAST, run_id="ahead")
+        drop = prefetch.ahead([[read] for read in reads], GRID, windows, policy)
+        assert drop is not None
+        _wait_for(lambda: len(_data_requests(server)) > 0)  # the first window's tiles, before the task runs
+        with task_reads([[read] for read in reads], GRID, windows, policy) as session:
+            assert session is not None and session.ahead_of_task
+            for rows, cols in windows:
+                for i, read in enumerate(reads):
+                    out = np.zeros((rows[1] - rows[0], cols[1] - cols[0]), dtype=dtypes[i])
+                    assert session.read(read, rows, cols, out, None)[0]
+                    np.testing.assert_array_equal(out, _gdal_window(files / f"{names[i]}.tif", rows, cols,
+                                                                    dtypes[i])[0])
+        drop()  # taken over: nothing left to drop
+        started_ahead = sorted(_data_requests(server))
+        server.reset_counts()
+        prefetch.clear_headers()
+        _read_all(reads, windows, ReadPolicy(retry=FAST, run_id="itself"), dtypes)
+        assert started_ahead == sorted(_data_requests(server))
+    io = collect("ahead")["io"]
+    assert (io["tasks"], io["tasks_ahead"]) == (1, 1)
+    itself = collect("itself")["io"]
+    assert (itself["tasks"], itself.get("tasks_ahead", 0)) == (1, 0)
+
+
+def test_reads_started_ahead_of_a_task_that_never_runs_here_are_dropped(files):
+    """The writer drops what a task did not take over (it ran elsewhere, or failed first): the reads are closed,
+    and a task starting later after all plans its own."""
+    name = "u16_zstd_pred2"
+    windows = _windows(256, 256)
+    with fault_server(files, latency=0.02) as server:
+        read = _read(name, f"{server.url}/{name}.tif")
+        policy = ReadPolicy(retry=FAST, run_id="dropped")
+        drop = prefetch.ahead([[read]], GRID, windows, policy)
+        assert drop is not None
+        _wait_for(lambda: len(_data_requests(server)) > 0)
+        drop()
+        with task_reads([[read]], GRID, windows, policy) as session:
+            assert session is not None and not session.ahead_of_task
+            out = np.zeros((256, 256), dtype="uint16")
+            rows, cols = windows[0]
+            assert session.read(read, rows, cols, out, None)[0]
+            np.testing.assert_array_equal(out, _gdal_window(files / f"{name}.tif", rows, cols, "uint16")[0])
+    collect("dropped")
+    assert prefetch.ahead([[read]], GRID, windows, ReadPolicy(io_reader="gdal")) is None
+
+
+def test_reads_are_started_one_task_ahead_per_running_task(files):
+    """With no task running, one queued task's reads are started; a later one waits its turn, and when it starts
+    first it plans its own reads (it never waits for the queue)."""
+    windows = _windows(256, 256)
+    with fault_server(files, latency=0.02) as server:
+        first, second = (_read(n, f"{server.url}/{n}.tif") for n in ("u16_zstd_pred2", "u8_lzw"))
+        policy = ReadPolicy(retry=FAST, run_id="turns")
+        drops = [prefetch.ahead([[read]], GRID, windows, policy) for read in (first, second)]
+        _wait_for(lambda: any("u16_zstd_pred2" in p for _, p, _, _ in list(server.log)))
+        with task_reads([[second]], GRID, windows, policy) as session:
+            assert session is not None and not session.ahead_of_task
+        with task_reads([[first]], GRID, windows, policy) as session:
+            assert session is not None and session.ahead_of_task
+        for drop in drops:
+            assert drop is not None
+            drop()
+    io = collect("turns")["io"]
+    assert (io["tasks"], io["tasks_ahead"]) == (2, 1)
+
+
 # ---- faults: as source.retry and on_read_error say ----------------------------------------------------------------
 
 
@@ -563,6 +655,35 @@ def test_a_run_over_http_reports_requests_headers_and_waits_and_equals_the_local
     assert 1 <= io["in_flight_peak"] <= 8 and peak <= 2 * 8  # per process: two worker processes
     assert io["bytes"] > 0 and io["wait_seconds"] >= 0
     assert report["reads"]["policy"]["io"]["concurrency"] == 8
+    # worker processes: the writer's process cannot start their queued tasks' reads
+    assert io["tasks"] >= 1 and io.get("tasks_ahead", 0) == 0
+
+
+def test_a_one_process_run_over_http_starts_queued_tasks_reads_ahead_and_equals_the_local_run(sample, tmp_path):
+    """The one-process layout: the writer starts each queued chunk's reads before a thread runs it; the run's
+    values are the local run's, and the report counts the tasks that found their reads started."""
+    import xarray as xr
+    from click.testing import CliRunner
+
+    from conftest import spec_text
+    from http_faults import http_items
+    from rasterflow.cli import cli
+
+    one = "{n_workers: 1, threads_per_worker: 2, processes: false}"
+    local = tmp_path / "local.yaml"
+    local.write_text(spec_text(sample, output="out/local.zarr", cluster=one))
+    assert CliRunner().invoke(cli, ["run", str(local)]).exit_code == 0
+    with fault_server(sample.directory, latency=0.02) as server:
+        catalog = http_items(sample, server.url, tmp_path / "items.json")
+        remote = tmp_path / "remote.yaml"
+        remote.write_text(spec_text(sample, catalog=str(catalog), output="out/remote.zarr", cluster=one))
+        result = CliRunner().invoke(cli, ["run", str(remote)])
+        assert result.exit_code == 0, result.output
+    expected = xr.open_zarr(tmp_path / "out" / "local.zarr")["ndvi"].values
+    np.testing.assert_array_equal(xr.open_zarr(tmp_path / "out" / "remote.zarr")["ndvi"].values, expected)
+    io = json.loads((tmp_path / "out" / "remote.zarr.report.json").read_text())["reads"]["io"]
+    assert io["tasks"] >= 4
+    assert io["tasks"] // 2 <= io["tasks_ahead"] <= io["tasks"]  # all but the first few
 
 
 @pytest.mark.slow

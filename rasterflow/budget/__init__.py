@@ -181,7 +181,9 @@ from rasterflow.budget.workers import (  # noqa: F401
     open_file_bytes,
     open_files_bytes,
     remote_io_bytes,
+    remote_io_total,
     stage_estimates,
+    started_ahead,
 )
 
 __all__ = [
@@ -197,6 +199,8 @@ __all__ = [
     "sub_block",
     "sub_blocks_across",
     "stage_estimates",
+    "remote_io_total",
+    "started_ahead",
     "estimate",
     "static_estimate",
     "solve_fixes",

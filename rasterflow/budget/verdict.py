@@ -13,7 +13,6 @@ from rasterflow.budget.constants import (
     MIN_TASKS_FOR_LARGE_JOB,
     NARROWEST_LOAD,
     ORDER_STATISTICS,
-    REMOTE_CLIENT_BYTES,
     SMALL_JOB_BYTES,
 )
 from rasterflow.budget.messages import (
@@ -45,7 +44,7 @@ from rasterflow.budget.workers import (
     baseline_bytes,
     gdal_cache_bytes,
     open_files_bytes,
-    remote_io_bytes,
+    remote_io_total,
     stage_estimates,
 )
 
@@ -61,7 +60,7 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
     files = open_files_bytes(shape, inputs)
     cache = gdal_cache_bytes(shape, inputs)
     baseline = baseline_bytes(inputs)
-    io = remote_io_bytes(shape, inputs) * n + (REMOTE_CLIENT_BYTES if inputs.remote_fetch else 0)
+    io = remote_io_total(shape, inputs, n)
     peak_worker = tasks_bytes + files * n + cache + io + baseline
     client = client_peak_bytes(shape, inputs)
     allowed = int(inputs.max_fraction * inputs.memory_limit)

@@ -14,6 +14,7 @@ from rasterflow.budget.constants import (
     MAX_OPEN_PER_THREAD,
     ONE_PROCESS_EXTRA_BYTES,
     OPEN_FILE_BYTES,
+    REMOTE_CLIENT_BYTES,
     REMOTE_HEADER_BYTES,
     SUB_BLOCK_RAMP,
     TILE_DECODED_FILE_BYTES,
@@ -86,6 +87,23 @@ def remote_io_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
         tiles_down, tiles_across = -(-rows // tile_y), -(-chunk_cols // tile_x)
         held = int(files * tiles_down * tiles_across * tile_y * tile_x * bpp)
     return inputs.io_buffer + held
+
+
+def started_ahead(inputs: BudgetInputs) -> bool:
+    """Whether queued tasks' remote reads start before a thread runs them (``read.prefetch.ahead``): where the
+    writer queues tasks on a worker of its own process (the one-process layout) and the concurrent reader reads."""
+    return inputs.remote_fetch and inputs.one_process
+
+
+def remote_io_total(shape: PipelineShape, inputs: BudgetInputs, tasks: int) -> int:
+    """Compressed bytes the concurrent remote reader holds in a worker running ``tasks`` at once: each task's
+    :func:`remote_io_bytes`, the same again for each task's successor when its reads are started ahead
+    (:func:`started_ahead`: one queued task per running one, each holding its first window and at most the
+    buffer), and the client's own (:data:`REMOTE_CLIENT_BYTES`)."""
+    if not inputs.remote_fetch:
+        return 0
+    per_task = remote_io_bytes(shape, inputs)
+    return per_task * tasks * (2 if started_ahead(inputs) else 1) + REMOTE_CLIENT_BYTES
 
 
 def stage_estimates(shape: PipelineShape, inputs: BudgetInputs) -> tuple[StageEstimate, ...]:

@@ -72,7 +72,11 @@ def _run_stats(run_id: str) -> dict[str, Any]:
     return _STATS.setdefault(run_id, {"retries": {}, "failed": {}})
 
 
-IO_COUNTERS = ("requests", "bytes", "header_reads", "request_seconds", "wait_seconds")
+IO_COUNTERS = ("requests", "bytes", "header_reads", "request_seconds", "wait_seconds", "first_wait_seconds",
+               "tasks", "tasks_ahead")
+"""Summed over processes: requests and bytes fetched, headers read, seconds requests took, seconds the compute
+threads waited for bytes (``first_wait_seconds``: of that, before a task's first window), tasks that read this way
+and, of them, tasks whose reads had been started before they ran (``source.io`` prefetching the next task)."""
 
 
 IO_PEAKS = ("in_flight_peak", "held_peak")
@@ -154,7 +158,7 @@ def merge_io(parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
         io = part.get("io") or {}
         for key, value in io.items():
             total[key] = max(total.get(key, 0), value) if key in IO_PEAKS else total.get(key, 0) + value
-    for key in ("request_seconds", "wait_seconds"):
+    for key in ("request_seconds", "wait_seconds", "first_wait_seconds"):
         if key in total:
             total[key] = round(float(total[key]), 3)
     return total

@@ -16,7 +16,11 @@ evaluated), and, from each file's header, which tiles each window needs and wher
   (``source.io.buffer``); the process's :class:`~rasterflow.read.fetch.RangeClient` keeps at most
   ``source.io.concurrency`` of them in flight. The decoder thus works on window *w* while the tiles of the next
   windows arrive: I/O and compute overlap, and memory stays bounded by the buffer plus the tiles a later window
-  of the task still needs (what :mod:`rasterflow.budget` counts).
+  of the task still needs (what :mod:`rasterflow.budget` counts). The window the decoder is at is always asked
+  for whole, in every file, whatever the buffer: its tiles arrive in one round trip, not one per file beyond it;
+* a task's first window would still cost it a round trip, so where the writer queues tasks on workers of its own
+  process (the one-process layout), each queued task's reads are started before a thread runs it (:func:`ahead`,
+  one task ahead per running task) and the task takes them over when it starts.
 
 Files this path cannot decode bit for bit (see :mod:`rasterflow.read.cogheader`), files that need warping, and
 schemes the client does not speak go to GDAL as before (:meth:`TaskReads.read` returns False).
@@ -49,7 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rasterflow.planning import GridPlan
     from rasterflow.read.tiles import TileIndex
 
-__all__ = ["TaskReads", "task_reads", "active", "headers", "probe", "MAX_GAP", "MAX_REQUEST", "MAX_HEADERS",
+__all__ = ["TaskReads", "task_reads", "active", "headers", "probe", "ahead", "MAX_GAP", "MAX_REQUEST", "MAX_HEADERS",
            "clear_headers"]
 
 MAX_GAP = 64 * 1024
@@ -205,6 +209,8 @@ class _Event:
     cols: tuple[int, int]
     direct: tuple[int, int]
     tiles: list[int]
+    window: int = 0
+    """Its window's place in the task's order."""
     consumed: bool = False
     fetches: list[_Fetch] = field(default_factory=list)
     """The fetches this window is the first to need (issued in this order)."""
@@ -232,6 +238,12 @@ class TaskReads:
         """Bytes issued and not yet dropped: ``ahead`` plus the tiles later windows still need."""
         self.holding_peak = 0
         self.fetcher: RangeClient | None = None
+        self.sub_blocks = len(windows) > 1
+        """The task reads several windows (sub-blocks): the budget counts a row of the chunk's tiles per file."""
+        self.first_window_events = 0
+        """Events of the task's first window (the waits there are a task's start-up)."""
+        self.ahead_of_task = False
+        """Planned before its task ran (:func:`ahead`)."""
         self._plan(reads_by_item, windows)
 
     # ---- planning the task's fetches -------------------------------------------------------------------------
@@ -271,6 +283,8 @@ class TaskReads:
         spans: dict[tuple[str, int], list[int]] = {}  # (href, tile) -> [first window, last window, first event]
         needed: dict[str, list[int]] = {}
         for position, (rows, cols) in enumerate(windows):
+            if position == 1:
+                self.first_window_events = len(self.events)
             for item in reads_by_item:
                 for maybe in item:
                     if maybe is None or maybe.href not in usable:
@@ -285,7 +299,8 @@ class TaskReads:
                         tiles: list[int] = []
                     else:
                         tiles = window_tiles(index, r0 - direct[0], c0 - direct[1], r1 - r0, c1 - c0)
-                    event = _Event(read=read, tiff=header, rows=rows, cols=cols, direct=direct, tiles=tiles)
+                    event = _Event(read=read, tiff=header, rows=rows, cols=cols, direct=direct, tiles=tiles,
+                                   window=position)
                     self.by_key.setdefault((read.href, rows, cols), collections.deque()).append(len(self.events))
                     self.events.append(event)
                     for number in tiles:
@@ -299,6 +314,8 @@ class TaskReads:
                             needed.setdefault(read.href, []).append(number)
                         else:
                             span[1] = position
+        if len(windows) == 1:
+            self.first_window_events = len(self.events)
         for href, numbers in needed.items():
             index = usable[href][0].index
             assert index is not None
@@ -312,12 +329,17 @@ class TaskReads:
 
     def _pump(self) -> None:
         """Issue the next fetches in decode order while the bytes fetched ahead stay within the buffer (always at
-        least the fetches of the window the decoder is at)."""
+        least the fetches of the file and window the decoder is at; of a task's sub-blocks, the whole window it is
+        at, in every file: a window's tiles are then asked for at once, so the decoder waits at most one round trip
+        per window, not one per file beyond the buffer, and a window's tiles are within what the budget counts, a
+        row of the chunk's tiles per file)."""
         assert self.fetcher is not None or not self.events
+        current = self.events[min(self.cursor, len(self.events) - 1)].window if self.events else 0
         while self.next_issue < len(self.events):
             event = self.events[self.next_issue]
             size = sum(f.length for f in event.fetches)
-            if self.next_issue > self.cursor and self.ahead + size > self.policy.io_buffer and self.ahead > 0:
+            beyond = event.window > current if self.sub_blocks else self.next_issue > self.cursor
+            if beyond and self.ahead + size > self.policy.io_buffer and self.ahead > 0:
                 return
             for fetch in event.fetches:
                 self._issue(fetch)
@@ -416,7 +438,11 @@ class TaskReads:
                 raise
             finally:
                 fetch.future = None  # the future would keep the bytes alive after they are dropped
-                record_io(self.policy.run_id, wait_seconds=time.perf_counter() - waited)
+                seconds = time.perf_counter() - waited
+                if self.cursor < self.first_window_events:
+                    record_io(self.policy.run_id, wait_seconds=seconds, first_wait_seconds=seconds)
+                else:
+                    record_io(self.policy.run_id, wait_seconds=seconds)
             if len(fetch.tiles) > 1:
                 self._split(fetch, data)
             else:
@@ -547,10 +573,127 @@ def task_reads(reads_by_item: Sequence[Sequence[AssetRead | None]], grid: GridPl
             read is not None and supported(read.href) for item in reads_by_item for read in item):
         yield None
         return
-    session = TaskReads(reads_by_item, grid, windows, policy)
+    session = _AHEAD.take(_task_key(reads_by_item, windows, policy))
+    if session is None:
+        session = TaskReads(reads_by_item, grid, windows, policy)
+    if session.events:
+        record_io(policy.run_id, tasks=1, tasks_ahead=int(session.ahead_of_task))
     _active.session = session
+    _AHEAD.started(1)
     try:
         yield session
     finally:
+        _AHEAD.started(-1)
         _active.session = None
         session.close()
+
+
+# ---- the next tasks' reads, started before they run ------------------------------------------------------------
+
+
+TaskKey = tuple[str, int, tuple[tuple[tuple[int, int], tuple[int, int]], ...]]
+
+
+def _task_key(reads_by_item: Sequence[Sequence[AssetRead | None]],
+              windows: Sequence[tuple[tuple[int, int], tuple[int, int]]], policy: ReadPolicy) -> TaskKey:
+    """What identifies a task's reads in a run: its files and its windows."""
+    return (policy.run_id, hash(tuple(read.href if read is not None else "" for item in reads_by_item
+                                      for read in item)), tuple(windows))
+
+
+class _Ahead:
+    """Started :class:`TaskReads` of tasks queued in this process, planned in one background thread in the order
+    they were asked for, as many waiting to be taken over as tasks read this way now (the next task of every
+    thread; each holds what a running task holds at most, which the budget counts); a task finds its own with
+    :meth:`take` (waiting when it is being planned; a task asked for and not yet started is planned by its task)."""
+
+    def __init__(self) -> None:
+        self.condition = threading.Condition()
+        self.queue: collections.OrderedDict[TaskKey, Callable[[], TaskReads]] = collections.OrderedDict()
+        self.ready: dict[TaskKey, TaskReads] = {}
+        self.planning: TaskKey | None = None
+        self.dropped: set[TaskKey] = set()
+        self.thread: threading.Thread | None = None
+        self.running = 0
+        """Tasks of this process reading this way now: one started ahead for each (every thread's next task)."""
+
+    def started(self, change: int) -> None:
+        with self.condition:
+            self.running += change
+            self.condition.notify_all()
+
+    def ask(self, key: TaskKey, make: Callable[[], TaskReads]) -> None:
+        with self.condition:
+            if key in self.queue or key in self.ready or key == self.planning:
+                return
+            self.queue[key] = make
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._loop, name="rasterflow-ahead", daemon=True)
+                self.thread.start()
+            self.condition.notify_all()
+
+    def take(self, key: TaskKey) -> TaskReads | None:
+        with self.condition:
+            self.queue.pop(key, None)  # not started: the task plans its reads itself
+            while self.planning == key:
+                self.condition.wait()
+            session = self.ready.pop(key, None)
+            self.condition.notify_all()
+            return session
+
+    def drop(self, key: TaskKey) -> None:
+        with self.condition:
+            self.queue.pop(key, None)
+            if self.planning == key:
+                self.dropped.add(key)
+            session = self.ready.pop(key, None)
+            self.condition.notify_all()
+        if session is not None:
+            session.close()
+
+    def _loop(self) -> None:
+        while True:
+            with self.condition:
+                while not self.queue or len(self.ready) >= max(1, self.running):
+                    self.condition.wait()
+                key, make = self.queue.popitem(last=False)
+                self.planning = key
+            session: TaskReads | None = None
+            try:
+                session = make()
+            except Exception:  # noqa: BLE001 - the task plans its reads itself and meets the error there
+                session = None
+            with self.condition:
+                self.planning = None
+                if session is not None and key in self.dropped:
+                    self.dropped.discard(key)
+                elif session is not None:
+                    self.ready[key] = session
+                    session = None
+                self.condition.notify_all()
+            if session is not None:
+                session.close()
+
+
+_AHEAD = _Ahead()
+
+
+def ahead(reads_by_item: Sequence[Sequence[AssetRead | None]], grid: GridPlan,
+          windows: Sequence[tuple[tuple[int, int], tuple[int, int]]],
+          policy: ReadPolicy) -> Callable[[], None] | None:
+    """Start the reads of a task of this process that has not started yet (the reads :func:`task_reads` would
+    plan for it): its headers and its first fetches (its first window, and more within ``source.io.buffer``), in
+    a background thread, one task ahead per task running in the process, in the order asked. The task takes them over when it starts, so it does not
+    wait a round trip for its first windows. Returns the callable that drops them if the task never starts here
+    (None when the task reads nothing this path reads)."""
+    if policy.io_reader == "gdal" or not decoder_available() or not any(
+            read is not None and supported(read.href) for item in reads_by_item for read in item):
+        return None
+    key = _task_key(reads_by_item, windows, policy)
+    def make() -> TaskReads:
+        session = TaskReads(reads_by_item, grid, windows, policy)
+        session.ahead_of_task = True
+        return session
+
+    _AHEAD.ask(key, make)
+    return lambda: _AHEAD.drop(key)

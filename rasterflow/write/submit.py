@@ -29,7 +29,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rasterflow.layers import Task, layer_named
+from rasterflow.layers import Task, layer_named, prefetch
 
 if TYPE_CHECKING:  # pragma: no cover
     import dask.array as da
@@ -320,6 +320,37 @@ class Batch:
         future: Future[Any] = client.submit(run_calls, calls, roots, key=key)
         return future
 
+    def prefetch(self) -> list[Callable[[], None]]:
+        """Start the reads of the batch's tasks that can start them before they run (:func:`rasterflow.layers.prefetch`:
+        a chunk's read-and-reduce), for tasks that will run in this process; the callables that drop what their
+        tasks did not take over."""
+        drops: list[Callable[[], None]] = []
+        seen: set[int] = set()
+
+        def plain(value: object) -> bool:
+            if isinstance(value, (_Call, _Block)):
+                return False
+            if isinstance(value, (list, tuple)):
+                return all(plain(v) for v in value)
+            return True
+
+        def walk(value: object) -> None:
+            if isinstance(value, _Call) and id(value) not in seen:
+                seen.add(id(value))
+                for a in value.args:
+                    walk(a)
+                if plain(value.args):
+                    drop = prefetch(value.fn, value.args)
+                    if drop is not None:
+                        drops.append(drop)
+            elif isinstance(value, (list, tuple)):
+                for v in value:
+                    walk(v)
+
+        for root in self.roots:
+            walk(root)
+        return drops
+
     def compute(self) -> list[Any]:
         """The values of the batch's keys, computed in this thread (the other collections' blocks in one
         synchronous ``dask.compute``)."""
@@ -479,6 +510,10 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
     # bound to this client's loop: without it as_completed looks for a *default* client
     completed = as_completed(loop=client.loop, raise_errors=False)
     numbers = iter(range(1 << 62))
+    # workers in this process (the one-process layout) run what this process starts ahead
+    workers = client.scheduler_info().get("workers") or {}
+    ahead = bool(workers) and all(str(address).startswith("inproc://") for address in workers)
+    drops: dict[int, list[Callable[[], None]]] = {}  # unit in flight -> what drops its reads started ahead
 
     def blocks_in_flight() -> int:
         return feed.blocks(key for keys in in_flight.values() for key in keys)
@@ -494,21 +529,31 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
             unit_of.update((key, number) for key in unit)
         futures: list[Future[Any]] = []
         rest = batch
+        batches: list[tuple[list[Key], Batch]] = []
         if one_task_per_unit:
             rest = []
             for unit in units:
-                future = build(unit).submit_as_one(client)
+                built = build(unit)
+                future = built.submit_as_one(client)
                 if future is None:
                     rest.extend(unit)
                     continue
                 in_flight[future] = list(unit)
                 whole.add(future)
                 futures.append(future)
+                batches.append((list(unit), built))
         if rest:
-            for key, future in zip(rest, build(rest).submit(client)):
+            built = build(rest)
+            for key, future in zip(rest, built.submit(client)):
                 in_flight[future] = [key]
                 futures.append(future)
+            batches.append((rest, built))
         completed.update(futures)
+        if ahead:
+            for keys, built in batches:
+                started = built.prefetch()
+                if started:
+                    drops.setdefault(unit_of[keys[-1]], []).extend(started)
 
     try:
         submit()
@@ -530,6 +575,8 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
                     left[number] -= 1
                     if not left[number]:
                         del left[number]
+                        for drop in drops.pop(number, ()):
+                            drop()  # reads its task did not take over (it failed before them)
                 future.release()  # the scheduler forgets the block's tasks
             if feed.wants(blocks_in_flight(), cap, len(left)):
                 submit()
@@ -537,6 +584,9 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
         if in_flight:
             client.cancel(list(in_flight))
             in_flight.clear()
+        for started in drops.values():
+            for drop in started:
+                drop()
 
 
 def settled(future: Future[Any], key: Key, wanted: bool = True) -> Any:
@@ -568,9 +618,14 @@ def _run_local(feed: _Feed, build: Callable[[Sequence[Key]], Batch], cap: int,
     in_flight: dict[concurrent.futures.Future[list[Any]], list[Key]] = {}  # one pool job per unit
     executor = concurrent.futures.ThreadPoolExecutor(local_threads(), thread_name_prefix="rasterflow-write")
 
+    drops: dict[concurrent.futures.Future[list[Any]], list[Callable[[], None]]] = {}
+
     def submit() -> None:
         for unit in feed.take(sum(feed.blocks(u) for u in in_flight.values()), cap, len(in_flight)):
-            in_flight[executor.submit(build(unit).compute)] = unit
+            built = build(unit)
+            job = executor.submit(built.compute)
+            in_flight[job] = unit
+            drops[job] = built.prefetch()  # the pool's threads are this process's
 
     try:
         submit()
@@ -578,6 +633,8 @@ def _run_local(feed: _Feed, build: Callable[[Sequence[Key]], Batch], cap: int,
             finished, _ = concurrent.futures.wait(list(in_flight), return_when=concurrent.futures.FIRST_COMPLETED)
             for job in finished:
                 unit = in_flight.pop(job)
+                for drop in drops.pop(job, ()):
+                    drop()
                 values = job.result()  # raises the first failure
                 for key, value in zip(unit, values):
                     if on_result is not None:
@@ -587,3 +644,6 @@ def _run_local(feed: _Feed, build: Callable[[Sequence[Key]], Batch], cap: int,
                 submit()
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
+        for started in drops.values():
+            for drop in started:
+                drop()
