@@ -640,8 +640,8 @@ def test_remote_reads_hold_a_row_of_the_chunks_tiles_per_file():
 
 def test_reads_started_ahead_are_counted_once_more_per_task_in_one_process():
     """In the one-process layout each running task's successor has its remote reads started before it runs
-    (``read.prefetch.ahead``), holding at most what a running task holds: the worker's remote-read term counts each
-    task's twice there, once with worker processes (whose queued tasks the writer cannot see), none locally."""
+    (``read.prefetch.ahead``), within source.io.buffer: the worker's remote-read term counts a buffer more per
+    running task there; not with worker processes (whose queued tasks the writer cannot see), nothing locally."""
     from rasterflow.budget.constants import REMOTE_CLIENT_BYTES
 
     shape = _shape("median")
@@ -649,7 +649,7 @@ def test_reads_started_ahead_are_counted_once_more_per_task_in_one_process():
                   io_buffer=8_000_000, source_bytes_per_pixel=0.75)
     per_task = budget.remote_io_bytes(shape, one)
     assert budget.started_ahead(one)
-    assert budget.remote_io_total(shape, one, 2) == 2 * 2 * per_task + REMOTE_CLIENT_BYTES
+    assert budget.remote_io_total(shape, one, 2) == 2 * (per_task + 8_000_000) + REMOTE_CLIENT_BYTES
     workers = dataclasses.replace(one, one_process=False)
     assert not budget.started_ahead(workers)
     assert budget.remote_io_total(shape, workers, 2) == 2 * budget.remote_io_bytes(shape, workers) \

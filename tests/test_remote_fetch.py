@@ -509,6 +509,34 @@ def test_reads_started_ahead_of_a_task_that_never_runs_here_are_dropped(files):
     assert prefetch.ahead([[read]], GRID, windows, ReadPolicy(io_reader="gdal")) is None
 
 
+def test_reads_started_ahead_stay_within_the_buffer_until_the_task_starts(files):
+    """A queued task's reads fetch within source.io.buffer (the budget counts one buffer per queued task), not its
+    whole first window across its files; once the task decodes, it asks for its whole current window."""
+    import time
+
+    name = "u16_none"  # uncompressed, its 3 x 4 tiles of 131 kB contiguous: a task's fetches of it are one request
+    windows = _windows(256, 256)
+    with fault_server(files) as server:
+        reads = [_read(name, f"{server.url}/{name}.tif?copy={k}") for k in range(3)]  # three files to the reader
+        policy = ReadPolicy(retry=FAST, run_id="queued", io_buffer=1)  # nothing beyond the window's first file
+        drop = prefetch.ahead([[read] for read in reads], GRID, windows, policy)
+        assert drop is not None
+        _wait_for(lambda: len(_data_requests(server)) > 0)
+        time.sleep(0.3)  # whatever the queued reads would fetch has been asked for
+        assert len(_data_requests(server)) == 1  # the first file's tiles, not the window's in all three files
+        with task_reads([[read] for read in reads], GRID, windows, policy) as session:
+            assert session is not None and session.ahead_of_task
+            # the task started: the rest of its first window is asked for at once, the other two files
+            _wait_for(lambda: len(_data_requests(server)) == 3)
+            for rows, cols in windows:
+                for read in reads:
+                    out = np.zeros((rows[1] - rows[0], cols[1] - cols[0]), dtype="uint16")
+                    assert session.read(read, rows, cols, out, None)[0]
+                    np.testing.assert_array_equal(out, _gdal_window(files / f"{name}.tif", rows, cols,
+                                                                    "uint16")[0])
+    collect("queued")
+
+
 def test_reads_are_started_one_task_ahead_per_running_task(files):
     """With no task running, one queued task's reads are started; a later one waits its turn, and when it starts
     first it plans its own reads (it never waits for the queue)."""

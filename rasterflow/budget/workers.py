@@ -97,13 +97,12 @@ def started_ahead(inputs: BudgetInputs) -> bool:
 
 def remote_io_total(shape: PipelineShape, inputs: BudgetInputs, tasks: int) -> int:
     """Compressed bytes the concurrent remote reader holds in a worker running ``tasks`` at once: each task's
-    :func:`remote_io_bytes`, the same again for each task's successor when its reads are started ahead
-    (:func:`started_ahead`: one queued task per running one, each holding its first window and at most the
-    buffer), and the client's own (:data:`REMOTE_CLIENT_BYTES`)."""
+    :func:`remote_io_bytes`, ``source.io.buffer`` for each task's successor when its reads are started ahead
+    (:func:`started_ahead`: one queued task per running one), and the client's own (:data:`REMOTE_CLIENT_BYTES`)."""
     if not inputs.remote_fetch:
         return 0
-    per_task = remote_io_bytes(shape, inputs)
-    return per_task * tasks * (2 if started_ahead(inputs) else 1) + REMOTE_CLIENT_BYTES
+    queued = inputs.io_buffer if started_ahead(inputs) else 0
+    return (remote_io_bytes(shape, inputs) + queued) * tasks + REMOTE_CLIENT_BYTES
 
 
 def stage_estimates(shape: PipelineShape, inputs: BudgetInputs) -> tuple[StageEstimate, ...]:

@@ -19,8 +19,8 @@ evaluated), and, from each file's header, which tiles each window needs and wher
   of the task still needs (what :mod:`rasterflow.budget` counts). The window the decoder is at is always asked
   for whole, in every file, whatever the buffer: its tiles arrive in one round trip, not one per file beyond it;
 * a task's first window would still cost it a round trip, so where the writer queues tasks on workers of its own
-  process (the one-process layout), each queued task's reads are started before a thread runs it (:func:`ahead`,
-  one task ahead per running task) and the task takes them over when it starts.
+  process (the one-process layout), each queued task's reads are started, within the buffer, before a thread runs
+  it (:func:`ahead`, one task ahead per running task) and the task takes them over when it starts.
 
 Files this path cannot decode bit for bit (see :mod:`rasterflow.read.cogheader`), files that need warping, and
 schemes the client does not speak go to GDAL as before (:meth:`TaskReads.read` returns False).
@@ -220,7 +220,8 @@ class TaskReads:
     """The remote reads of one task (see the module docstring). Use from one thread: the task's."""
 
     def __init__(self, reads_by_item: Sequence[Sequence[AssetRead | None]], grid: GridPlan,
-                 windows: Sequence[tuple[tuple[int, int], tuple[int, int]]], policy: ReadPolicy):
+                 windows: Sequence[tuple[tuple[int, int], tuple[int, int]]], policy: ReadPolicy, *,
+                 ahead_of_task: bool = False):
         self.policy = policy
         self.grid = grid
         self.events: list[_Event] = []
@@ -242,8 +243,11 @@ class TaskReads:
         """The task reads several windows (sub-blocks): the budget counts a row of the chunk's tiles per file."""
         self.first_window_events = 0
         """Events of the task's first window (the waits there are a task's start-up)."""
-        self.ahead_of_task = False
+        self.ahead_of_task = ahead_of_task
         """Planned before its task ran (:func:`ahead`)."""
+        self.queued = ahead_of_task
+        """Its task has not started: what is fetched stays within the buffer (whole windows are asked for only
+        once the task decodes them)."""
         self._plan(reads_by_item, windows)
 
     # ---- planning the task's fetches -------------------------------------------------------------------------
@@ -338,7 +342,8 @@ class TaskReads:
         while self.next_issue < len(self.events):
             event = self.events[self.next_issue]
             size = sum(f.length for f in event.fetches)
-            beyond = event.window > current if self.sub_blocks else self.next_issue > self.cursor
+            beyond = event.window > current if self.sub_blocks and not self.queued else \
+                self.next_issue > self.cursor
             if beyond and self.ahead + size > self.policy.io_buffer and self.ahead > 0:
                 return
             for fetch in event.fetches:
@@ -356,6 +361,13 @@ class TaskReads:
         self.holding += fetch.length
         fetch.held = fetch.length
         self.holding_peak = max(self.holding_peak, self.holding)
+
+    def taken_over(self) -> None:
+        """Its task starts (it was planned ahead of it): from now on the whole window the decoder is at is asked
+        for, beginning with the first."""
+        self.queued = False
+        if self.events:
+            self._pump()
 
     # ---- the decoder's side -----------------------------------------------------------------------------------
 
@@ -574,7 +586,9 @@ def task_reads(reads_by_item: Sequence[Sequence[AssetRead | None]], grid: GridPl
         yield None
         return
     session = _AHEAD.take(_task_key(reads_by_item, windows, policy))
-    if session is None:
+    if session is not None:
+        session.taken_over()
+    else:
         session = TaskReads(reads_by_item, grid, windows, policy)
     if session.events:
         record_io(policy.run_id, tasks=1, tasks_ahead=int(session.ahead_of_task))
@@ -682,18 +696,13 @@ def ahead(reads_by_item: Sequence[Sequence[AssetRead | None]], grid: GridPlan,
           windows: Sequence[tuple[tuple[int, int], tuple[int, int]]],
           policy: ReadPolicy) -> Callable[[], None] | None:
     """Start the reads of a task of this process that has not started yet (the reads :func:`task_reads` would
-    plan for it): its headers and its first fetches (its first window, and more within ``source.io.buffer``), in
-    a background thread, one task ahead per task running in the process, in the order asked. The task takes them over when it starts, so it does not
+    plan for it): its headers and its first fetches, within ``source.io.buffer``, in a background thread, one task
+    ahead per task running in the process, in the order asked. The task takes them over when it starts, so it does not
     wait a round trip for its first windows. Returns the callable that drops them if the task never starts here
     (None when the task reads nothing this path reads)."""
     if policy.io_reader == "gdal" or not decoder_available() or not any(
             read is not None and supported(read.href) for item in reads_by_item for read in item):
         return None
     key = _task_key(reads_by_item, windows, policy)
-    def make() -> TaskReads:
-        session = TaskReads(reads_by_item, grid, windows, policy)
-        session.ahead_of_task = True
-        return session
-
-    _AHEAD.ask(key, make)
+    _AHEAD.ask(key, lambda: TaskReads(reads_by_item, grid, windows, policy, ahead_of_task=True))
     return lambda: _AHEAD.drop(key)
