@@ -237,6 +237,10 @@ class Batch:
     def __init__(self, keys: list[Key], roots: list[_Call | _Block]):
         self.keys, self.roots = keys, roots
 
+    def has_blocks(self) -> bool:
+        """Whether the batch takes blocks of a Dask collection that is not ours (:meth:`submit_as_one` cannot)."""
+        return bool(self._blocks())
+
     def _blocks(self) -> list[_Block]:
         found: dict[int, _Block] = {}
 
@@ -529,31 +533,34 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
             unit_of.update((key, number) for key in unit)
         futures: list[Future[Any]] = []
         rest = batch
-        batches: list[tuple[list[Key], Batch]] = []
+        def start_reads(keys: Sequence[Key], built: Batch) -> None:
+            # before the tasks are submitted: a task that starts first would not find its reads, and they would
+            # be fetched twice
+            if ahead:
+                started = built.prefetch()
+                if started:
+                    drops.setdefault(unit_of[keys[-1]], []).extend(started)
+
         if one_task_per_unit:
             rest = []
             for unit in units:
                 built = build(unit)
-                future = built.submit_as_one(client)
-                if future is None:
+                if built.has_blocks():
                     rest.extend(unit)
                     continue
+                start_reads(unit, built)
+                future = built.submit_as_one(client)
+                assert future is not None  # no blocks of another collection
                 in_flight[future] = list(unit)
                 whole.add(future)
                 futures.append(future)
-                batches.append((list(unit), built))
         if rest:
             built = build(rest)
+            start_reads(rest, built)
             for key, future in zip(rest, built.submit(client)):
                 in_flight[future] = [key]
                 futures.append(future)
-            batches.append((rest, built))
         completed.update(futures)
-        if ahead:
-            for keys, built in batches:
-                started = built.prefetch()
-                if started:
-                    drops.setdefault(unit_of[keys[-1]], []).extend(started)
 
     try:
         submit()
@@ -623,9 +630,10 @@ def _run_local(feed: _Feed, build: Callable[[Sequence[Key]], Batch], cap: int,
     def submit() -> None:
         for unit in feed.take(sum(feed.blocks(u) for u in in_flight.values()), cap, len(in_flight)):
             built = build(unit)
+            started = built.prefetch()  # the pool's threads are this process's; before the task can start
             job = executor.submit(built.compute)
             in_flight[job] = unit
-            drops[job] = built.prefetch()  # the pool's threads are this process's
+            drops[job] = started
 
     try:
         submit()
