@@ -560,3 +560,62 @@ def test_the_budget_mirrors_the_writers_caps():
 
     assert constants.IN_FLIGHT_PER_THREAD == submit.IN_FLIGHT_PER_THREAD
     assert constants.QUEUED_UNITS == submit.QUEUED_UNITS
+
+
+# ---- reads started before a queued task runs (issue 27) ------------------------------------------------------------
+
+_STARTED: dict[int, str] = {}
+"""Chunk -> what happened first to it, in this process: "ahead" (its reads were started) or "ran"."""
+_DROPPED: list[int] = []
+
+
+def _chunk_task(chunk: int) -> np.ndarray:
+    _STARTED.setdefault(chunk, "ran")
+    return np.full((1,), chunk * 10, dtype=np.int64)
+
+
+def _chunk_ahead(chunk: int):
+    _STARTED.setdefault(chunk, "ahead")
+    return lambda: _DROPPED.append(chunk)
+
+
+def _chunk_array(name: str):
+    from rasterflow.layers import lazy_array, prefetch_with
+
+    prefetch_with(_chunk_task, _chunk_ahead)
+    return lazy_array(name, (12,), lambda block: (_chunk_task, block[0]), ((1,) * 12,), np.int64)
+
+
+@pytest.mark.parametrize("where", ["in-process", "threads", "worker-processes"])
+def test_a_queued_chunks_reads_start_before_it_is_submitted_where_its_worker_is_this_process(where, client):
+    """The writer starts a unit's reads (a task function's registered ``prefetch``) before submitting it, when the
+    unit will run in this process (a LocalCluster of in-process workers, or the threaded path): every chunk's reads
+    were started before its task ran, and each unit's handle is dropped once it finished. Worker processes start
+    nothing here (their tasks' reads would be fetched in the wrong process)."""
+    import dask
+
+    _STARTED.clear()
+    _DROPPED.clear()
+    array = _chunk_array(f"test-ahead-{where}")
+    results: dict[int, int] = {}
+
+    def run(on) -> int:
+        return run_units(([(array.name, i)] for i in range(12)), BlockTasks([array]), total=12, client=on,
+                         max_in_flight=4, on_result=lambda key, value: results.__setitem__(key[1], int(value[0])))
+
+    if where == "in-process":
+        with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                                      dashboard_address=None) as cluster, \
+                distributed.Client(cluster, set_as_default=False) as own:
+            assert run(own) == 12
+    elif where == "threads":
+        with dask.config.set(scheduler="threads", num_workers=2):
+            assert run(None) == 12
+    else:
+        assert run(client) == 12
+    assert results == {i: 10 * i for i in range(12)}
+    if where == "worker-processes":
+        assert _STARTED == {} and _DROPPED == []  # the tasks ran in the workers' processes, nothing here
+    else:
+        assert _STARTED == {i: "ahead" for i in range(12)}
+        assert sorted(_DROPPED) == list(range(12))

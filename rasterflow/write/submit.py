@@ -344,7 +344,10 @@ class Batch:
                 for a in value.args:
                     walk(a)
                 if plain(value.args):
-                    drop = prefetch(value.fn, value.args)
+                    try:
+                        drop = prefetch(value.fn, value.args)
+                    except Exception:  # noqa: BLE001 - only a head start: the task plans its reads and meets it
+                        drop = None
                     if drop is not None:
                         drops.append(drop)
             elif isinstance(value, (list, tuple)):
