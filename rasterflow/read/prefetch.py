@@ -618,7 +618,7 @@ def _task_key(reads_by_item: Sequence[Sequence[AssetRead | None]],
 class _Ahead:
     """Started :class:`TaskReads` of tasks queued in this process, planned in one background thread in the order
     they were asked for, as many waiting to be taken over as tasks read this way now (the next task of every
-    thread; each holds what a running task holds at most, which the budget counts); a task finds its own with
+    thread; each within ``source.io.buffer``, which the budget counts); a task finds its own with
     :meth:`take` (waiting when it is being planned; a task asked for and not yet started is planned by its task)."""
 
     def __init__(self) -> None:
@@ -679,7 +679,7 @@ class _Ahead:
                 session = None
             with self.condition:
                 self.planning = None
-                if session is not None and key in self.dropped:
+                if key in self.dropped:
                     self.dropped.discard(key)
                 elif session is not None:
                     self.ready[key] = session
