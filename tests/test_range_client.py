@@ -141,3 +141,38 @@ def test_a_closed_client_refuses_new_submissions(root):
         with pytest.raises(RuntimeError):
             client.submit("h", f"{server.url}/blob.bin", [(0, 4)], FAST, "rc")
     collect("rc")
+
+
+PIECES = [(0, 700), (900, 50), (5000, 1000)]  # offsets in the range: gaps between them, one at its end
+
+
+def test_pieces_of_a_range_come_apart_as_the_body_arrives(root, client):
+    """A range asked for in pieces (the tiles of one request): each piece's bytes apart, equal to the file's, the
+    gaps and the range's tail read and dropped; one request, the whole range counted as received."""
+    with fault_server(root, latency=0.01) as server:
+        future = client.submit("h", f"{server.url}/blob.bin", [(3000, 6500)], FAST, "rc", pieces=PIECES)
+        answer = future.result(30)[0]
+        assert server.count("/blob.bin") == 1
+    assert answer.data == b"" and answer.size == len(DATA)
+    assert answer.parts == tuple(DATA[3000 + offset:3000 + offset + count] for offset, count in PIECES)
+    assert collect("rc")["io"]["bytes"] == 6500
+
+
+@pytest.mark.parametrize("fault", ["truncate", "bad_range"])
+def test_a_body_in_pieces_cut_short_or_of_another_range_is_retried(root, client, fault):
+    """A body that ends early, or whose Content-Range is not the range asked for, is a transient failure of the
+    request even when it is read in pieces: tried again, and the pieces then are the file's."""
+    with fault_server(root, faults=[Fault(fault, path="/blob.bin", nth={1})]) as server:
+        tries: list[int] = []
+        future = client.submit("h", f"{server.url}/blob.bin", [(3000, 6500)], FAST, "rc", pieces=PIECES,
+                               on_retry=lambda: tries.append(1))
+        answer = future.result(30)[0]
+        assert server.count("/blob.bin") == 2
+    assert tries == [1]
+    assert answer.parts == tuple(DATA[3000 + offset:3000 + offset + count] for offset, count in PIECES)
+    collect("rc")
+
+
+def test_pieces_need_a_submission_of_one_range(client):
+    with pytest.raises(ValueError, match="one range"):
+        client.submit("h", "http://127.0.0.1:9/x", [(0, 10), (20, 10)], FAST, "rc", pieces=[(0, 5)])

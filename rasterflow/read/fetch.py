@@ -94,10 +94,12 @@ def azure_location(url: str) -> tuple[str, str, str | None]:
 
 @dataclass(frozen=True)
 class Answer:
-    """The bytes of one range and the size of the whole file (from ``Content-Range``; None when not said)."""
+    """The bytes of one range and the size of the whole file (from ``Content-Range``; None when not said); with
+    ``pieces`` asked for, ``parts`` holds each piece's bytes and ``data`` is empty."""
 
     data: bytes
     size: int | None
+    parts: tuple[bytes, ...] = ()
 
 
 def s3_config(environ: Mapping[str, str] | None = None) -> S3Config:
@@ -145,6 +147,7 @@ class _Submission:
     run_id: str
     on_retry: Callable[[], None] | None
     header: bool
+    pieces: Sequence[tuple[int, int]] | None = None
 
 
 def _cancel_all(tasks: Sequence[asyncio.Task[Answer]]) -> None:
@@ -176,13 +179,20 @@ class RangeClient:
 
     def submit(self, href: str, url: str, ranges: Sequence[tuple[int, int]], policy: RetryPolicy, run_id: str,
                on_retry: Callable[[], None] | None = None,
-               header: bool = False) -> concurrent.futures.Future[list[Answer]]:
+               header: bool = False,
+               pieces: Sequence[tuple[int, int]] | None = None) -> concurrent.futures.Future[list[Answer]]:
         """Fetch ``ranges`` (``(start, length)`` each, one request each) of ``url`` (``href`` signed, or as it is)
         -> a future of ``list[Answer]``; ``href`` names the file in errors. ``on_retry`` runs (in the loop's
-        thread) before each retry. Cancelling the future cancels its requests (their places in flight are freed)."""
+        thread) before each retry. Cancelling the future cancels its requests (their places in flight are freed).
+
+        ``pieces`` (``(offset in the range, length)`` each, in order, not overlapping; one range only): the answer
+        holds each piece's bytes apart (:attr:`Answer.parts`), read from the body as it arrives, the bytes between
+        them read and dropped: the tiles of one request without a copy of the whole body."""
+        if pieces is not None and len(ranges) != 1:
+            raise ValueError("pieces are for a submission of one range")
         future: concurrent.futures.Future[list[Answer]] = concurrent.futures.Future()
         with self._queue_lock:
-            self._queued.append(_Submission(future, href, url, ranges, policy, run_id, on_retry, header))
+            self._queued.append(_Submission(future, href, url, ranges, policy, run_id, on_retry, header, pieces))
             wake = len(self._queued) == 1  # else a wake-up is on its way and will start this one too
         if wake:
             try:
@@ -221,7 +231,7 @@ class RangeClient:
         if future.cancelled():
             return
         tasks = [self._loop.create_task(self._fetch_retried(job.href, job.url, start, length, job.policy,
-                                                            job.run_id, job.on_retry, job.header))
+                                                            job.run_id, job.on_retry, job.header, job.pieces))
                  for start, length in job.ranges]
         left = len(tasks)
 
@@ -254,21 +264,23 @@ class RangeClient:
         future.add_done_callback(cancelled)
 
     async def _fetch_retried(self, href: str, url: str, start: int, length: int, policy: RetryPolicy, run_id: str,
-                             on_retry: Callable[[], None] | None, header: bool) -> Answer:
+                             on_retry: Callable[[], None] | None, header: bool,
+                             pieces: Sequence[tuple[int, int]] | None = None) -> Answer:
         """The range, tried again under ``policy`` after a transient failure. The first try is made directly
         (most succeed): tenacity's ``AsyncRetrying`` is built only after a transient failure, whose first attempt
         then gives that failure again instead of a request, so the tries, their waits, the retries counted through
         ``on_retry`` and the message when it gives up are tenacity's as before."""
         try:
-            return await self._fetch_once(href, url, start, length, policy, run_id, header)
+            return await self._fetch_once(href, url, start, length, policy, run_id, header, pieces)
         except ReadFailedError as err:
             if not err.transient:
                 raise
             first = err
-        return await self._retried(first, href, url, start, length, policy, run_id, on_retry, header)
+        return await self._retried(first, href, url, start, length, policy, run_id, on_retry, header, pieces)
 
     async def _retried(self, first: ReadFailedError, href: str, url: str, start: int, length: int,
-                       policy: RetryPolicy, run_id: str, on_retry: Callable[[], None] | None, header: bool) -> Answer:
+                       policy: RetryPolicy, run_id: str, on_retry: Callable[[], None] | None, header: bool,
+                       pieces: Sequence[tuple[int, int]] | None = None) -> Answer:
         import tenacity
 
         def transient(err: BaseException) -> bool:
@@ -290,7 +302,7 @@ class RangeClient:
                     attempt = trying.retry_state.attempt_number
                     if attempt == 1:
                         raise first  # the first try, made already by _fetch_retried
-                    return await self._fetch_once(href, url, start, length, policy, run_id, header)
+                    return await self._fetch_once(href, url, start, length, policy, run_id, header, pieces)
         except ReadFailedError as err:
             if attempt > 1:
                 why = "transient failures" if err.transient else "then a failure that is not transient"
@@ -301,7 +313,7 @@ class RangeClient:
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     async def _fetch_once(self, href: str, url: str, start: int, length: int, policy: RetryPolicy, run_id: str,
-                          header: bool) -> Answer:
+                          header: bool, pieces: Sequence[tuple[int, int]] | None = None) -> Answer:
         async with self._limit:
             self._in_flight += 1
             in_flight = self._in_flight
@@ -309,10 +321,10 @@ class RangeClient:
             received = 0
             try:
                 if url.lower().startswith(("s3://", "az://", "abfs://", "gs://")):
-                    answer = await self._object_store(href, url, start, length, policy, header)
+                    answer = _in_pieces(await self._object_store(href, url, start, length, policy, header), pieces)
                 else:
-                    answer = await self._http(href, url, start, length, policy, header)
-                received = len(answer.data)
+                    answer = await self._http(href, url, start, length, policy, header, pieces)
+                received = length if answer.parts else len(answer.data)
             finally:
                 self._in_flight -= 1
                 record_io(run_id, requests=1, bytes=received, header_reads=int(header),
@@ -320,7 +332,7 @@ class RangeClient:
             return answer
 
     async def _http(self, href: str, url: str, start: int, length: int, policy: RetryPolicy,
-                    header: bool) -> Answer:
+                    header: bool, pieces: Sequence[tuple[int, int]] | None = None) -> Answer:
         import aiohttp
 
         if self._session is None:
@@ -338,8 +350,12 @@ class RangeClient:
                     await answer.read()
                     raise _failure(href, f"HTTP {status}", status=status,
                                    transient=policy.is_transient_status(status))
-                data = await answer.read()
                 content_range = answer.headers.get("Content-Range")
+                if pieces and status == 206:
+                    _check_range(href, content_range, start, end, header)
+                    return Answer(b"", _size(content_range), await _read_pieces(href, answer.content, length,
+                                                                               pieces))
+                data = await answer.read()
         except ReadFailedError:
             raise
         except asyncio.TimeoutError:
@@ -357,21 +373,13 @@ class RangeClient:
             if len(data) < start + (0 if header else length):
                 raise _failure(href, f"the server sent {len(data)} bytes without a range, fewer than asked for",
                                transient=True)
-            return Answer(data[start:start + length], len(data))
+            return _in_pieces(Answer(data[start:start + length], len(data)), pieces)
         if status != 206:
             raise _failure(href, f"HTTP {status} to a range request", status=status, transient=False)
-        match = _CONTENT_RANGE.match(content_range or "")
-        if match is None:
-            raise _failure(href, f"answer without a valid Content-Range ({content_range!r})", transient=True)
-        got_start, got_end = int(match.group(1)), int(match.group(2))
-        size = None if match.group(3) == "*" else int(match.group(3))
-        wanted_end = end if size is None or not header else min(end, size - 1)
-        if got_start != start or got_end != wanted_end:
-            raise _failure(href, f"the server sent bytes {got_start}-{got_end} for the range {start}-{end} "
-                           "(a wrong Content-Range)", transient=True)
+        got_start, got_end = _check_range(href, content_range, start, end, header)
         if len(data) != got_end - got_start + 1:
             raise _failure(href, f"truncated body: {len(data)} of {got_end - got_start + 1} bytes", transient=True)
-        return Answer(data, size)
+        return Answer(data, _size(content_range))
 
     async def _object_store(self, href: str, url: str, start: int, length: int, policy: RetryPolicy,
                             header: bool) -> Answer:
@@ -454,6 +462,57 @@ class RangeClient:
                 cache.clear()
             cache[key] = store
         return store
+
+
+def _size(content_range: str | None) -> int | None:
+    """The file's size a valid ``Content-Range`` says (None for ``*``)."""
+    match = _CONTENT_RANGE.match(content_range or "")
+    return None if match is None or match.group(3) == "*" else int(match.group(3))
+
+
+def _check_range(href: str, content_range: str | None, start: int, end: int, header: bool) -> tuple[int, int]:
+    """The first and last byte a 206 answer's ``Content-Range`` says it holds, checked against the range asked for
+    (a header read may end at the file's end); a transient failure otherwise."""
+    match = _CONTENT_RANGE.match(content_range or "")
+    if match is None:
+        raise _failure(href, f"answer without a valid Content-Range ({content_range!r})", transient=True)
+    got_start, got_end = int(match.group(1)), int(match.group(2))
+    size = _size(content_range)
+    wanted_end = end if size is None or not header else min(end, size - 1)
+    if got_start != start or got_end != wanted_end:
+        raise _failure(href, f"the server sent bytes {got_start}-{got_end} for the range {start}-{end} "
+                       "(a wrong Content-Range)", transient=True)
+    return got_start, got_end
+
+
+async def _read_pieces(href: str, body: aiohttp.StreamReader, length: int,
+                       pieces: Sequence[tuple[int, int]]) -> tuple[bytes, ...]:
+    """``pieces`` of a body of ``length`` bytes, read as they arrive (the bytes between them read and dropped);
+    a body that ends early, or goes on, is a truncated or wrong answer (transient)."""
+    parts: list[bytes] = []
+    position = 0
+    try:
+        for offset, count in pieces:
+            if offset > position:
+                await body.readexactly(offset - position)
+            parts.append(await body.readexactly(count))
+            position = offset + count
+        if position < length:
+            await body.readexactly(length - position)
+    except asyncio.IncompleteReadError:
+        raise _failure(href, f"truncated body: it ended before the {length} bytes asked for", transient=True) \
+            from None
+    if not body.at_eof() and await body.read(1):
+        raise _failure(href, f"the body goes on beyond the {length} bytes asked for", transient=True)
+    return tuple(parts)
+
+
+def _in_pieces(answer: Answer, pieces: Sequence[tuple[int, int]] | None) -> Answer:
+    """``answer`` with ``pieces`` of its bytes apart (each a copy, the whole dropped), when asked for."""
+    if not pieces:
+        return answer
+    view = memoryview(answer.data)
+    return Answer(b"", answer.size, tuple(bytes(view[offset:offset + count]) for offset, count in pieces))
 
 
 def _failure(href: str, reason: str, *, status: int | None = None, transient: bool) -> ReadFailedError:

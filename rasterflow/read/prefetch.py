@@ -352,11 +352,15 @@ class TaskReads:
 
     def _issue(self, fetch: _Fetch) -> None:
         """One request per fetch, so that each fetch's bytes go as soon as its own tiles are decoded."""
-        if fetch.future is not None or fetch.data is not None:
+        if fetch.future is not None or fetch.data is not None or fetch.parts is not None:
             return
         assert self.fetcher is not None
+        # several tiles: each one's bytes apart as they arrive, not the whole body and then a copy of each
+        pieces = [(int(fetch.index.offsets[n]) - fetch.start, int(fetch.index.byte_counts[n])) for n in fetch.tiles] \
+            if len(fetch.tiles) > 1 else None
         fetch.future = self.fetcher.submit(fetch.href, fetch.url, [(fetch.start, fetch.length)], self.policy.retry,
-                                           self.policy.run_id, on_retry=_counting(self.policy, fetch.href))
+                                           self.policy.run_id, on_retry=_counting(self.policy, fetch.href),
+                                           pieces=pieces)
         self.ahead += fetch.length
         self.holding += fetch.length
         fetch.held = fetch.length
@@ -444,7 +448,7 @@ class TaskReads:
             assert future is not None  # issued (now or before) and not yet answered
             waited = time.perf_counter()
             try:
-                data = future.result()[0].data
+                answer = future.result()[0]
             except ReadFailedError as err:
                 fetch.error = err
                 raise
@@ -455,10 +459,10 @@ class TaskReads:
                     record_io(self.policy.run_id, wait_seconds=seconds, first_wait_seconds=seconds)
                 else:
                     record_io(self.policy.run_id, wait_seconds=seconds)
-            if len(fetch.tiles) > 1:
-                self._split(fetch, data)
+            if answer.parts:
+                self._keep(fetch, answer.parts)
             else:
-                fetch.data = data
+                fetch.data = answer.data
         if not fetch.touched:
             fetch.touched = True
             self.ahead -= fetch.length
@@ -469,16 +473,12 @@ class TaskReads:
         # a view, not a copy: the decoders take any buffer
         return memoryview(fetch.data)[start:start + int(fetch.index.byte_counts[number])]
 
-    def _split(self, fetch: _Fetch, data: bytes) -> None:
-        """A fetch of several tiles, arrived: each tile's bytes apart (the gaps read through are dropped), so that
-        each goes after the last window that needs it, not after the last window that needs any of them. A tile
-        whose windows are all done already (skipped) is not kept."""
-        view = memoryview(data)
-        parts: dict[int, bytes] = {}
-        for number in fetch.tiles:
-            if self.tile_left.get((fetch.href, number), 0) > 0:
-                start = int(fetch.index.offsets[number]) - fetch.start
-                parts[number] = bytes(view[start:start + int(fetch.index.byte_counts[number])])
+    def _keep(self, fetch: _Fetch, pieces: Sequence[bytes]) -> None:
+        """A fetch of several tiles, arrived with each tile's bytes apart (the gaps read through were dropped), so
+        that each goes after the last window that needs it, not after the last window that needs any of them. A
+        tile whose windows are all done already (skipped) is not kept."""
+        parts = {number: piece for number, piece in zip(fetch.tiles, pieces)
+                 if self.tile_left.get((fetch.href, number), 0) > 0}
         kept = sum(len(part) for part in parts.values())
         self.holding -= fetch.held - kept
         fetch.held, fetch.parts = kept, parts
