@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import textwrap
+import types
 
 import numpy as np
 import pytest
@@ -656,3 +657,20 @@ def test_reads_started_ahead_are_counted_once_more_per_task_in_one_process():
         + REMOTE_CLIENT_BYTES
     local = dataclasses.replace(one, remote_fetch=False)
     assert not budget.started_ahead(local) and budget.remote_io_total(shape, local, 2) == 0
+
+
+def test_the_auto_buffer_follows_the_round_trip_plan_measured():
+    """source.io.buffer: auto is 32 MiB per 100 ms of measured round trip, within 16..64 MiB, 32 MiB unmeasured;
+    a number is taken as it is. The plan's read policy and its budget take the same value."""
+    from rasterflow.readplan import io_buffer, policy_from_spec
+    from rasterflow.spec.source import SourceIO
+
+    mib = 1024 * 1024
+    assert [io_buffer(None, rtt) for rtt in (None, 0.0, 0.01, 0.04, 0.1, 0.15, 1.0)] == \
+        [32 * mib, 32 * mib, 16 * mib, 16 * mib, 32 * mib, 48 * mib, 64 * mib]
+    assert io_buffer(8 * mib, 0.1) == 8 * mib
+    auto = types.SimpleNamespace(io=SourceIO())
+    assert policy_from_spec(auto, round_trip=0.04).io_buffer == 16 * mib
+    assert policy_from_spec(auto).io_buffer == 32 * mib
+    fixed = types.SimpleNamespace(io=SourceIO(buffer="8MB"))
+    assert policy_from_spec(fixed, round_trip=0.04).io_buffer == SourceIO(buffer="8MB").buffer_bytes

@@ -709,9 +709,11 @@ def test_a_one_process_run_over_http_starts_queued_tasks_reads_ahead_and_equals_
         assert result.exit_code == 0, result.output
     expected = xr.open_zarr(tmp_path / "out" / "local.zarr")["ndvi"].values
     np.testing.assert_array_equal(xr.open_zarr(tmp_path / "out" / "remote.zarr")["ndvi"].values, expected)
-    io = json.loads((tmp_path / "out" / "remote.zarr.report.json").read_text())["reads"]["io"]
+    reads = json.loads((tmp_path / "out" / "remote.zarr.report.json").read_text())["reads"]
+    io = reads["io"]
     assert io["tasks"] >= 4
     assert io["tasks"] // 2 <= io["tasks_ahead"] <= io["tasks"]  # all but the first few
+    assert reads["policy"]["io"]["buffer"] == 16 * 1024 * 1024  # buffer: auto at a ~20 ms round trip
 
 
 @pytest.mark.slow

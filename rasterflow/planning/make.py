@@ -11,7 +11,7 @@ from rasterflow.planning.chunks import ChunkIndex, build_chunk_index
 from rasterflow.planning.cost import RemoteProbe, job_cost
 from rasterflow.planning.grid import GridPlan, plan_aoi, resolve_grid, tiles_on_chunk_edges
 from rasterflow.planning.jobplan import JobPlan, cluster_plan, output_plan
-from rasterflow.readplan import decodes, io_concurrency, is_remote, policy_from_spec, supported
+from rasterflow.readplan import decodes, io_buffer, io_concurrency, is_remote, policy_from_spec, supported
 from rasterflow.sizing import WorkerLayout, local_machine, size_local_run
 from rasterflow.sources import FileHeader, SourceTable, gc_paused, resolve_sources
 
@@ -223,7 +223,9 @@ def make_plan(spec: Spec, *, items: Sequence[dict[str, Any]] | None = None, layo
         elif remote_fetch(spec, sources, source_codec, source_tile, remote):
             # remote files the concurrent reader decodes itself: no GDAL dataset, compressed tiles in the tasks
             inputs = budget.dataclasses_replace(
-                inputs, remote_fetch=True, tile_decoder=True, io_buffer=spec.source.io.buffer_bytes,
+                inputs, remote_fetch=True, tile_decoder=True,
+                io_buffer=io_buffer(None if spec.source.io.buffer == "auto" else spec.source.io.buffer_bytes,
+                                    remote.round_trip if remote is not None else None),
                 source_bytes_per_pixel=remote.bytes_per_pixel if remote is not None else None)
         report = budget.estimate(shape, inputs, on_exceed=spec.budget.on_exceed)
     else:
