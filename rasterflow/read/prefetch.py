@@ -241,8 +241,6 @@ class TaskReads:
         self.fetcher: RangeClient | None = None
         self.sub_blocks = len(windows) > 1
         """The task reads several windows (sub-blocks): the budget counts a row of the chunk's tiles per file."""
-        self.first_window_events = 0
-        """Events of the task's first window (the waits there are a task's start-up)."""
         self.ahead_of_task = ahead_of_task
         """Planned before its task ran (:func:`ahead`)."""
         self.queued = ahead_of_task
@@ -287,8 +285,6 @@ class TaskReads:
         spans: dict[tuple[str, int], list[int]] = {}  # (href, tile) -> [first window, last window, first event]
         needed: dict[str, list[int]] = {}
         for position, (rows, cols) in enumerate(windows):
-            if position == 1:
-                self.first_window_events = len(self.events)
             for item in reads_by_item:
                 for maybe in item:
                     if maybe is None or maybe.href not in usable:
@@ -318,8 +314,6 @@ class TaskReads:
                             needed.setdefault(read.href, []).append(number)
                         else:
                             span[1] = position
-        if len(windows) == 1:
-            self.first_window_events = len(self.events)
         for href, numbers in needed.items():
             index = usable[href][0].index
             assert index is not None
@@ -365,6 +359,10 @@ class TaskReads:
         self.holding += fetch.length
         fetch.held = fetch.length
         self.holding_peak = max(self.holding_peak, self.holding)
+
+    def _at_first_window(self) -> bool:
+        """The decoder is at the task's first window (its waits there are the task's start-up)."""
+        return self.cursor < len(self.events) and self.events[self.cursor].window == 0
 
     def taken_over(self) -> None:
         """Its task starts (it was planned ahead of it): from now on the whole window the decoder is at is asked
@@ -455,7 +453,7 @@ class TaskReads:
             finally:
                 fetch.future = None  # the future would keep the bytes alive after they are dropped
                 seconds = time.perf_counter() - waited
-                if self.cursor < self.first_window_events:
+                if self._at_first_window():
                     record_io(self.policy.run_id, wait_seconds=seconds, first_wait_seconds=seconds)
                 else:
                     record_io(self.policy.run_id, wait_seconds=seconds)
