@@ -65,10 +65,12 @@ def plan_with_items(loaded: LoadedSpec, items: list[dict[str, Any]], layout: Wor
 
 def _located(loaded: LoadedSpec, plan: JobPlan) -> JobPlan:
     """The plan with the paths the spec gives relative to its own folder made absolute (the catalog, for the
-    output's STAC links): after this, nothing needs the loaded spec."""
+    output's STAC links) and the spec text's digest (the fingerprint's): after this, nothing needs the loaded
+    spec."""
     from dataclasses import replace
 
-    return replace(plan, output=replace(plan.output, catalog=loaded.resolve(plan.output.catalog)))
+    return replace(plan, output=replace(plan.output, catalog=loaded.resolve(plan.output.catalog)),
+                   spec_sha256=loaded.sha256)
 
 
 def remote_probe(item: dict[str, Any], key: str, policy: ReadPolicy,
@@ -177,14 +179,14 @@ def _processes_if_refused(loaded: LoadedSpec, items: list[dict[str, Any]], layou
     return layout, plan
 
 
-def fingerprint(loaded: LoadedSpec, plan: JobPlan, period_items: Sequence[dict[str, Any]] | None = None) -> str:
+def fingerprint(plan: JobPlan, period_items: Sequence[dict[str, Any]] | None = None) -> str:
     """Identity of a job's output: same spec (after variables), same items with the same ``updated`` times, same
     grid and chunks, same rasterflow version -> same output. Used to resume, and by ``if_exists: skip``; with
     ``items`` (those of one period), the identity of that period's files (``if_exists: update``)."""
     from rasterflow import __version__
 
     digest = hashlib.sha256()
-    digest.update(loaded.sha256.encode())
+    digest.update(plan.spec_sha256.encode())
     items = [[item.get("id"), (item.get("properties") or {}).get("updated")]
              for item in (plan.items if period_items is None else period_items)]
     digest.update(json.dumps(items, default=str).encode())

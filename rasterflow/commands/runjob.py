@@ -70,12 +70,15 @@ def run_command(loaded: LoadedSpec, *, report_path: Path | None = None, plot: bo
     emit = emit or _no_emit
     interrupts = interrupts or Interrupts()
     started = time.monotonic()
+    # the spec is read here, before planning (the lock and the report start before the search); after
+    # make_plan everything comes from the plan
     spec = loaded.spec
+    name = spec.name
     fmt = spec.output.resolved_format
     policy = "overwrite" if overwrite else spec.output.policy
     now = now or dt.datetime.now(dt.timezone.utc)
     report = RunReport.start(spec_path=str(loaded.path), spec_sha256=loaded.sha256, catalog=spec.source.stac.catalog,
-                             name=spec.name, memory_thresholds=spec.cluster.memory.model_dump())
+                             name=name, memory_thresholds=spec.cluster.memory.model_dump())
     code: int = int(ExitCode.RUN_FAILED)
     status: str | None = None
     error: BaseException | None = None
@@ -98,7 +101,7 @@ def run_command(loaded: LoadedSpec, *, report_path: Path | None = None, plot: bo
         # would turn "s3://b/x" into a local "s3:/b/x" directory
         own_report = own_report or (None if write.common.is_remote(output_path)
                                     else Path(default_report_path(output_path)))
-        emit("start", {"spec": str(loaded.path), "name": spec.name, "output": output_path, "policy": policy})
+        emit("start", {"spec": str(loaded.path), "name": name, "output": output_path, "policy": policy})
         if not dry_run:
             lock = OutputLock(output_path, spec=str(loaded.path))
             try:
@@ -116,6 +119,7 @@ def run_command(loaded: LoadedSpec, *, report_path: Path | None = None, plot: bo
         with timer_for(report)("search"):
             items = search(loaded, now)
             layout = resolve_layout(spec)
+        del spec  # from here on, the plan
         report.item_ids = [item["id"] for item in items]
         with timer_for(report)("plan"):
             plan = plan_with_items(loaded, items, layout)
@@ -126,7 +130,7 @@ def run_command(loaded: LoadedSpec, *, report_path: Path | None = None, plot: bo
         emit("plan", {"items": len(items), "tasks": plan.report.task_count,
                       "predicted_peak_per_worker": plan.report.peak_per_worker})
         budget.enforce(plan.report, where=loaded.where("chunks"))
-        job_id = fingerprint(loaded, plan)
+        job_id = fingerprint(plan)
         report_fingerprint(report, job_id)
         # Now that the items are known, so are all the files the output makes (COGs: one per period / quantile;
         # output.tiling: every tile's files, ours and finished by their markers).
@@ -144,7 +148,7 @@ def run_command(loaded: LoadedSpec, *, report_path: Path | None = None, plot: bo
             status, code = "would_run", int(ExitCode.OK)
             report.outputs = [{"path": p, "bytes": None} for p in expected]
         else:
-            files = (_file_fingerprints(loaded, plan, output_path)
+            files = (_file_fingerprints(plan, output_path)
                      if isinstance(output, CogOutput) and plan.period_labels else {})
             kept: list[dict[str, Any]] = []
             run_plan = plan
@@ -201,12 +205,12 @@ def run_command(loaded: LoadedSpec, *, report_path: Path | None = None, plot: bo
         nothing_there = (not writing and not committed and not dry_run and bool(output_path)
                          and not write.common.is_remote(output_path) and not _output_exists(output_path, fmt,
                                                                                                expected))
-        report_file = _report_destination(own_report, state_dir, spec.name, committed=committed,
+        report_file = _report_destination(own_report, state_dir, name, committed=committed,
                                           lost_lock=lost_lock or nothing_there, status=report.status,
                                           explicit=report_path is not None)
         written_report: str | None = None
         if not dry_run:  # a dry run writes nothing
-            for attempt, destination in enumerate(_report_fallbacks(report_file, state_dir, spec.name,
+            for attempt, destination in enumerate(_report_fallbacks(report_file, state_dir, name,
                                                                     report.status)):
                 try:
                     report.write(destination)
@@ -236,7 +240,7 @@ def run_command(loaded: LoadedSpec, *, report_path: Path | None = None, plot: bo
             lock.release(remove=nothing_there)
         _drop_if_empty(_worker_log_path(own_report))
     outcome = RunResult(
-        spec_path=str(loaded.path), name=spec.name, status=report.status, exit_code=int(code),
+        spec_path=str(loaded.path), name=name, status=report.status, exit_code=int(code),
         outputs=tuple(o["path"] for o in report.outputs), report_path=written_report, report=report.to_dict(),
         error=report.error if code != 0 else None, exception=error, seconds=time.monotonic() - started, left=left,
     )

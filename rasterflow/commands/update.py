@@ -22,7 +22,7 @@ def _items_by_period(plan: JobPlan) -> dict[str, list[dict[str, Any]]]:
             for label, group in zip(plan.period_labels, program.groups)}
 
 
-def _file_fingerprints(loaded: LoadedSpec, plan: JobPlan, output_path: str) -> dict[str, dict[str, str]]:
+def _file_fingerprints(plan: JobPlan, output_path: str) -> dict[str, dict[str, str]]:
     """Per COG file of a per-period output: its period and that period's fingerprint (recorded in the report)."""
     from rasterflow.write.common import cog_entries
 
@@ -31,7 +31,7 @@ def _file_fingerprints(loaded: LoadedSpec, plan: JobPlan, output_path: str) -> d
     for _positions, labels, path in cog_entries(output_path, _leading_coords(plan)):
         period = str(labels.get("period"))
         if period in by_period:
-            out[path] = {"period": period, "fingerprint": fingerprint(loaded, plan, by_period[period])}
+            out[path] = {"period": period, "fingerprint": fingerprint(plan, by_period[period])}
     return out
 
 

@@ -140,6 +140,9 @@ class JobPlan:
     quantile_dim: bool = False
     """True when the output has a quantile dimension (``reduce.q`` is a list)."""
     name: str = ""
+    spec_sha256: str = ""
+    """The SHA-256 of the spec's text after its variables (the output's fingerprint starts from it); empty for a
+    plan made from a spec object without its file."""
     resampling: str = "nearest"
     expressions: tuple[tuple[str, str], ...] = ()
     """Band name -> expression text, for the outputs' metadata."""
