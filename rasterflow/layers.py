@@ -24,30 +24,63 @@ if TYPE_CHECKING:  # pragma: no cover
 #: A task in Dask's graph specification: a tuple with a callable first, then its arguments.
 Task = tuple[Any, ...]
 
-__all__ = ["TaskLayer", "lazy_array", "layer_named", "stack_blocks", "prefetch_with", "prefetch"]
+__all__ = ["TaskLayer", "lazy_array", "layer_named", "stack_blocks", "prefetch_with", "prefetch", "starts_reads", "prefetch_here", "drop_here"]
 
 #: Our layers by name, alive as long as an array holds them: how the writers' bounded submission
 #: (:class:`rasterflow.write.submit.BlockTasks`) finds a block's task without looking into Dask's graphs.
 _LAYERS: weakref.WeakValueDictionary[str, TaskLayer] = weakref.WeakValueDictionary()
 
 
-#: Task functions whose reads can start before the task does, and how (:func:`prefetch_with`).
-_PREFETCH: dict[Callable[..., Any], Callable[..., Callable[[], None] | None]] = {}
+#: Task functions whose reads can start before the task does, and how (:func:`prefetch_with`): ``(ahead, starts)``.
+_PREFETCH: dict[Callable[..., Any], tuple[Callable[..., Callable[[], None] | None], Callable[..., bool] | None]] = {}
+
+#: In a worker process: per writer's run token, what drops the reads :func:`prefetch_here` started there.
+_STARTED_HERE: dict[str, list[Callable[[], None]]] = {}
 
 
-def prefetch_with(function: Callable[..., Any], ahead: Callable[..., Callable[[], None] | None]) -> None:
+def prefetch_with(function: Callable[..., Any], ahead: Callable[..., Callable[[], None] | None],
+                  starts: Callable[..., bool] | None = None) -> None:
     """Register ``ahead(*args)``: start the reads of the task ``(function, *args)`` in this process before a thread
     runs it (the task takes them over when it starts), returning a callable that drops them if it never does (or
-    None when there is nothing to start). The writers call it, through :func:`prefetch`, for the chunks they
-    queue on a worker in their own process."""
-    _PREFETCH[function] = ahead
+    None when there is nothing to start); and ``starts(*args)``: whether ``ahead`` would start anything, answered
+    without reading (None: it may) (the writer asks it before sending a task to a worker process with its reads started there).
+    The writers call them through :func:`prefetch`, :func:`starts_reads` and :func:`prefetch_here`."""
+    _PREFETCH[function] = (ahead, starts)
 
 
 def prefetch(function: Callable[..., Any], args: tuple[Any, ...]) -> Callable[[], None] | None:
     """Start the reads of the task ``(function, *args)`` ahead if its function registered how
     (:func:`prefetch_with`); the callable that drops them, or None."""
-    ahead = _PREFETCH.get(function)
-    return ahead(*args) if ahead is not None else None
+    registered = _PREFETCH.get(function)
+    return registered[0](*args) if registered is not None else None
+
+
+def starts_reads(function: Callable[..., Any], args: tuple[Any, ...]) -> bool:
+    """Whether :func:`prefetch` of the task ``(function, *args)`` would start reads (nothing is read here)."""
+    registered = _PREFETCH.get(function)
+    return registered is not None and (registered[1] is None or bool(registered[1](*args)))
+
+
+def prefetch_here(token: str, calls: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -> int:
+    """Start the reads of ``calls`` (tasks ``(function, args)``) in the process this runs in: a worker process, by
+    the writer's ``Client.run`` before it sends those tasks there. What their tasks do not take over is dropped by
+    :func:`drop_here` with the same ``token``. Returns how many tasks' reads started."""
+    started = 0
+    for function, args in calls:
+        try:
+            drop = prefetch(function, args)
+        except Exception:  # noqa: BLE001 - only a head start: the task plans its reads itself and meets the error
+            drop = None
+        if drop is not None:
+            _STARTED_HERE.setdefault(token, []).append(drop)
+            started += 1
+    return started
+
+
+def drop_here(token: str) -> None:
+    """Drop the reads :func:`prefetch_here` started in this process under ``token`` that no task took over."""
+    for drop in _STARTED_HERE.pop(token, []):
+        drop()
 
 
 def layer_named(name: object) -> TaskLayer | None:

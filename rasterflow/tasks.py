@@ -20,7 +20,7 @@ from rasterflow.allocator import release_free_memory
 from rasterflow.errors import RasterflowError
 from rasterflow.layers import prefetch_with
 from rasterflow.read import ReadJob, gdal_env, item_stream
-from rasterflow.read.prefetch import ahead, task_reads
+from rasterflow.read.prefetch import ahead, starts_ahead, task_reads
 
 __all__ = ["chunk_reduce", "chunk_bands"]
 
@@ -176,8 +176,14 @@ def _bands_ahead(job: ReadJob, rows: tuple[int, int], cols: tuple[int, int], pro
     return ahead(job.reads, job.grid, _read_windows(job, [(rows, cols)], program), job.read_policy())
 
 
-prefetch_with(chunk_reduce, _reduce_ahead)
-prefetch_with(chunk_bands, _bands_ahead)
+def _starts_reads(job: ReadJob, *args: object) -> bool:
+    """Whether the task's reads can start ahead (:func:`rasterflow.read.prefetch.ahead` would start some): the
+    concurrent reader reads its files. Reads nothing."""
+    return starts_ahead(job.reads, job.read_policy())
+
+
+prefetch_with(chunk_reduce, _reduce_ahead, _starts_reads)
+prefetch_with(chunk_bands, _bands_ahead, _starts_reads)
 
 # ---------------------------------------------------------------------------------------------------------------
 # The tree path (time chunked, a streaming reduction): partials per time chunk, combined four at a time, finished.

@@ -619,3 +619,66 @@ def test_a_queued_chunks_reads_start_before_it_is_submitted_where_its_worker_is_
     else:
         assert _STARTED == {i: "ahead" for i in range(12)}
         assert sorted(_DROPPED) == list(range(12))
+
+
+def _pinned_task(chunk: int) -> np.ndarray:
+    """What the worker process running it knew: whether its reads had been started there, and which process."""
+    return np.array([chunk * 10, int(_STARTED.get(chunk) == "ahead"), os.getpid()], dtype=np.int64)
+
+
+def _pinned_ahead(chunk: int):
+    _STARTED.setdefault(chunk, "ahead")
+    return lambda: _DROPPED.append(chunk)
+
+
+def _worker_state() -> tuple[dict[int, str], list[int]]:
+    return dict(_STARTED), list(_DROPPED)
+
+
+def _register_pinned() -> None:
+    """In each process, as a task module registers its functions when imported (``rasterflow.tasks``)."""
+    from rasterflow.layers import prefetch_with
+
+    _STARTED.clear()
+    _DROPPED.clear()
+    prefetch_with(_pinned_task, _pinned_ahead)
+
+
+def test_worker_processes_start_a_units_reads_on_the_worker_it_is_sent_to(client):
+    """With worker processes and a unit sent as one task, the writer picks the unit's worker (the fewest units in
+    flight per thread), starts the unit's reads there (``Client.run``) and then sends the task there: every task
+    found its reads started in its own process; at most one unit waits per worker thread (so the one started is
+    the one that runs next); the writer's process starts nothing, and the run's end drops what was started."""
+    from rasterflow.layers import lazy_array
+
+    _register_pinned()
+    client.run(_register_pinned)
+    array = lazy_array("test-pinned", (12,), lambda block: (_pinned_task, block[0]), ((3,) * 12,), np.int64)
+    results: dict[int, tuple[int, int, int]] = {}
+    in_flight: list[int] = []
+    original_submit = client.submit
+
+    def counting_submit(*args, **kwargs):  # the writer's submissions, counted while the tasks are in flight
+        in_flight.append(len([f for f in counting_submit.futures if not f.done()]) + 1)
+        future = original_submit(*args, **kwargs)
+        counting_submit.futures.append(future)
+        return future
+
+    counting_submit.futures = []
+    client.submit = counting_submit
+    try:
+        done = run_units(([(array.name, i)] for i in range(12)), BlockTasks([array]), total=12, client=client,
+                         max_in_flight=8, one_task_per_unit=True,
+                         on_result=lambda key, value: results.__setitem__(key[1], tuple(int(v) for v in value)))
+    finally:
+        del client.submit
+    assert done == 12
+    assert {chunk: value[0] for chunk, value in results.items()} == {i: 10 * i for i in range(12)}
+    assert all(value[1] == 1 for value in results.values()), results  # each task's reads were started where it ran
+    assert len({value[2] for value in results.values()}) == 2  # both workers ran some
+    assert max(in_flight) <= 4  # two workers x one thread: one running and one waiting each
+    assert _STARTED == {} and _DROPPED == []  # nothing started in the writer's process
+    states = client.run(_worker_state)
+    started = {chunk for state, _ in states.values() for chunk in state}
+    dropped = sorted(chunk for _, drops in states.values() for chunk in drops)
+    assert started == set(range(12)) and dropped == list(range(12))

@@ -639,24 +639,36 @@ def test_remote_reads_hold_a_row_of_the_chunks_tiles_per_file():
     assert budget.remote_io_bytes(shape, deep) == 8_000_000 + int(deep_files * 2 * 512 * 512 * 0.75)
 
 
-def test_reads_started_ahead_are_counted_once_more_per_task_in_one_process():
-    """In the one-process layout each running task's successor has its remote reads started before it runs
-    (``read.prefetch.ahead``), within source.io.buffer: the worker's remote-read term counts a buffer more per
-    running task there; not with worker processes (whose queued tasks the writer cannot see), nothing locally."""
+def test_reads_started_ahead_are_counted_once_more_per_running_task():
+    """Each running task's successor has its remote reads started before it runs, within source.io.buffer: in the
+    one-process layout (``read.prefetch.ahead`` from the writer), and with worker processes where the writer sends a
+    chunk's work as one task to a worker it picks (the fused path to Zarr without shards). The worker's remote-read
+    term counts a buffer more per running task there; not for the worker processes of a COG, a time-chunked (tree)
+    reduction or a sharded Zarr; nothing locally."""
     from rasterflow.budget.constants import REMOTE_CLIENT_BYTES
 
     shape = _shape("median")
     one = _inputs(n_time=36, source_tile=(512, 512), threads_per_worker=2, one_process=True, remote_fetch=True,
                   io_buffer=8_000_000, source_bytes_per_pixel=0.75)
     per_task = budget.remote_io_bytes(shape, one)
-    assert budget.started_ahead(one)
+    assert budget.started_ahead(shape, one)
     assert budget.remote_io_total(shape, one, 2) == 2 * (per_task + 8_000_000) + REMOTE_CLIENT_BYTES
     workers = dataclasses.replace(one, one_process=False)
-    assert not budget.started_ahead(workers)
-    assert budget.remote_io_total(shape, workers, 2) == 2 * budget.remote_io_bytes(shape, workers) \
+    assert budget.started_ahead(shape, workers)
+    assert budget.remote_io_total(shape, workers, 2) == 2 * (budget.remote_io_bytes(shape, workers) + 8_000_000) \
         + REMOTE_CLIENT_BYTES
+    cog = _shape("median", fmt="cog")
+    tree = dataclasses.replace(workers, chunk_time=6)
+    assert budget.code_path(shape, tree) == "tree"
+    for other_shape, other in ((cog, workers), (shape, tree)):
+        assert not budget.started_ahead(other_shape, other)
+        assert budget.remote_io_total(other_shape, other, 2) == 2 * budget.remote_io_bytes(other_shape, other) \
+            + REMOTE_CLIENT_BYTES
+    sharded = budget.PipelineShape(**{**dataclasses.asdict(shape), "zarr_format": 3})
+    big = dataclasses.replace(workers, grid_shape=(20480, 20480), chunk_y=512, chunk_x=512)
+    assert budget.shards_per_side(sharded, big) > 1 and not budget.started_ahead(sharded, big)
     local = dataclasses.replace(one, remote_fetch=False)
-    assert not budget.started_ahead(local) and budget.remote_io_total(shape, local, 2) == 0
+    assert not budget.started_ahead(shape, local) and budget.remote_io_total(shape, local, 2) == 0
 
 
 def test_the_auto_buffer_follows_the_round_trip_plan_measured():

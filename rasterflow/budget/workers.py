@@ -30,7 +30,9 @@ from rasterflow.budget.model import (
 from rasterflow.budget.paths import (
     _largest,
     _task_stages,
+    code_path,
     concurrent_tasks,
+    shards_per_side,
     sub_block,
     sub_blocks_across,
     task_shapes,
@@ -89,10 +91,15 @@ def remote_io_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
     return inputs.io_buffer + held
 
 
-def started_ahead(inputs: BudgetInputs) -> bool:
-    """Whether queued tasks' remote reads start before a thread runs them (``read.prefetch.ahead``): where the
-    writer queues tasks on a worker of its own process (the one-process layout) and the concurrent reader reads."""
-    return inputs.remote_fetch and inputs.one_process
+def started_ahead(shape: PipelineShape, inputs: BudgetInputs) -> bool:
+    """Whether queued tasks' remote reads start before a thread runs them (``read.prefetch.ahead``), where the
+    concurrent reader reads: where the writer queues tasks on a worker of its own process (the one-process
+    layout), and with worker processes where it sends a chunk's work as one task to a worker it picks and starts
+    the chunk's reads there first (``write.submit``: the fused path to Zarr without shards)."""
+    if not inputs.remote_fetch:
+        return False
+    return inputs.one_process or (shape.output_format == "zarr" and code_path(shape, inputs) == "fused"
+                                  and shards_per_side(shape, inputs) <= 1)
 
 
 def remote_io_total(shape: PipelineShape, inputs: BudgetInputs, tasks: int) -> int:
@@ -101,7 +108,7 @@ def remote_io_total(shape: PipelineShape, inputs: BudgetInputs, tasks: int) -> i
     (:func:`started_ahead`: one queued task per running one), and the client's own (:data:`REMOTE_CLIENT_BYTES`)."""
     if not inputs.remote_fetch:
         return 0
-    queued = inputs.io_buffer if started_ahead(inputs) else 0
+    queued = inputs.io_buffer if started_ahead(shape, inputs) else 0
     return (remote_io_bytes(shape, inputs) + queued) * tasks + REMOTE_CLIENT_BYTES
 
 

@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rasterflow.planning import GridPlan
     from rasterflow.read.tiles import TileIndex
 
-__all__ = ["TaskReads", "task_reads", "active", "headers", "probe", "ahead", "MAX_GAP", "MAX_REQUEST", "MAX_HEADERS",
+__all__ = ["TaskReads", "task_reads", "active", "headers", "probe", "ahead", "starts_ahead", "MAX_GAP", "MAX_REQUEST", "MAX_HEADERS",
            "clear_headers"]
 
 MAX_GAP = 64 * 1024
@@ -698,9 +698,15 @@ def ahead(reads_by_item: Sequence[Sequence[AssetRead | None]], grid: GridPlan,
     ahead per task running in the process, in the order asked. The task takes them over when it starts, so it does not
     wait a round trip for its first windows. Returns the callable that drops them if the task never starts here
     (None when the task reads nothing this path reads)."""
-    if policy.io_reader == "gdal" or not decoder_available() or not any(
-            read is not None and supported(read.href) for item in reads_by_item for read in item):
+    if not starts_ahead(reads_by_item, policy):
         return None
     key = _task_key(reads_by_item, windows, policy)
     _AHEAD.ask(key, lambda: TaskReads(reads_by_item, grid, windows, policy, ahead_of_task=True))
     return lambda: _AHEAD.drop(key)
+
+
+def starts_ahead(reads_by_item: Sequence[Sequence[AssetRead | None]], policy: ReadPolicy) -> bool:
+    """Whether :func:`ahead` starts anything for a task with these reads: the concurrent reader reads some of its
+    files (a scheme it speaks, ``source.io.reader`` not ``gdal``, the tile decoder installed)."""
+    return policy.io_reader != "gdal" and decoder_available() and any(
+        read is not None and supported(read.href) for item in reads_by_item for read in item)

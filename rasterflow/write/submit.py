@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rasterflow.layers import Task, layer_named, prefetch
+from rasterflow.layers import Task, drop_here, layer_named, prefetch, prefetch_here, starts_reads
 
 if TYPE_CHECKING:  # pragma: no cover
     import dask.array as da
@@ -291,13 +292,16 @@ class Batch:
             # results on the workers, would live until the garbage collector runs
             done.clear()
 
-    def submit_as_one(self, client: Client) -> Future[Any] | None:
+    def submit_as_one(self, client: Client, worker: str | None = None) -> Future[Any] | None:
         """One task computing every key of the batch on one worker, each shared call once (a chunk's
         read-and-reduce, then the writes of its variables), in order; its value is the list of the keys' values.
         None when the batch has blocks of another collection (submit those with :meth:`submit`).
 
         A chunk's result then lives only inside that task: it never waits on a worker for write tasks the scheduler
-        has not sent yet while the thread that made it starts the next chunk."""
+        has not sent yet while the thread that made it starts the next chunk.
+
+        ``worker``: the address of the worker it should run on (where its reads were started ahead); another one
+        runs it if that worker leaves."""
         if self._blocks():
             return None
         calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
@@ -321,7 +325,11 @@ class Batch:
         roots = [encode(root) for root in self.roots]
         first = self.keys[0]
         key = (f"rasterflow-unit-{first[0]}", *first[1:]) if isinstance(first, tuple) else f"rasterflow-unit-{first}"
-        future: Future[Any] = client.submit(run_calls, calls, roots, key=key)
+        if worker is not None:
+            future: Future[Any] = client.submit(run_calls, calls, roots, key=key, workers=[worker],
+                                                allow_other_workers=True)
+        else:
+            future = client.submit(run_calls, calls, roots, key=key)
         return future
 
     def prefetch(self) -> list[Callable[[], None]]:
@@ -329,6 +337,19 @@ class Batch:
         a chunk's read-and-reduce), for tasks that will run in this process; the callables that drop what their
         tasks did not take over."""
         drops: list[Callable[[], None]] = []
+        for function, args in self.prefetchable():
+            try:
+                drop = prefetch(function, args)
+            except Exception:  # noqa: BLE001 - only a head start: the task plans its reads and meets it
+                drop = None
+            if drop is not None:
+                drops.append(drop)
+        return drops
+
+    def prefetchable(self) -> list[tuple[Callable[..., Any], tuple[Any, ...]]]:
+        """The batch's tasks ``(function, args)`` whose reads can start before they run
+        (:func:`rasterflow.layers.starts_reads`), their arguments plain values (no other task's result)."""
+        found: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         seen: set[int] = set()
 
         def plain(value: object) -> bool:
@@ -343,20 +364,15 @@ class Batch:
                 seen.add(id(value))
                 for a in value.args:
                     walk(a)
-                if plain(value.args):
-                    try:
-                        drop = prefetch(value.fn, value.args)
-                    except Exception:  # noqa: BLE001 - only a head start: the task plans its reads and meets it
-                        drop = None
-                    if drop is not None:
-                        drops.append(drop)
+                if plain(value.args) and starts_reads(value.fn, value.args):
+                    found.append((value.fn, value.args))
             elif isinstance(value, (list, tuple)):
                 for v in value:
                     walk(v)
 
         for root in self.roots:
             walk(root)
-        return drops
+        return found
 
     def compute(self) -> list[Any]:
         """The values of the batch's keys, computed in this thread (the other collections' blocks in one
@@ -472,6 +488,8 @@ class _Feed:
         self.units = units
         self.size = size
         self.min_units = min_units
+        self.max_units: int | None = None
+        """Units in flight at most, whatever the cap (None: the cap alone)."""
         self.head: list[Key] | None = self._next()
 
     def _next(self) -> list[Key] | None:
@@ -493,7 +511,8 @@ class _Feed:
         """Units while ``in_flight`` blocks plus theirs fit in ``cap``, or while fewer than :attr:`min_units` are in
         flight (``units``: those in flight now)."""
         taken: list[list[Key]] = []
-        while self.head is not None and (units < self.min_units or in_flight + self.blocks(self.head) <= cap):
+        while self.head is not None and (units < self.min_units or in_flight + self.blocks(self.head) <= cap) \
+                and (self.max_units is None or units < self.max_units):
             taken.append(self.head)
             in_flight += self.blocks(self.head)
             units += 1
@@ -502,6 +521,8 @@ class _Feed:
 
     def wants(self, in_flight: int, cap: int, units: int) -> bool:
         """Submit more: half the cap is free, or fewer than :attr:`min_units` units are in flight."""
+        if self.max_units is not None and units >= self.max_units:
+            return False
         return self.head is not None and (in_flight <= cap // 2 or units < self.min_units)
 
 
@@ -521,6 +542,32 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
     workers = client.scheduler_info().get("workers") or {}
     ahead = bool(workers) and all(str(address).startswith("inproc://") for address in workers)
     drops: dict[int, list[Callable[[], None]]] = {}  # unit in flight -> what drops its reads started ahead
+    # worker processes: a unit sent as one task goes to the worker with the fewest units in flight per thread, its
+    # reads started there first (Client.run), so that its thread does not wait a round trip when it starts
+    pin = not ahead and one_task_per_unit and bool(workers)
+    threads = {str(address): max(1, int((info or {}).get("nthreads") or 1)) for address, info in workers.items()}
+    load = dict.fromkeys(threads, 0)
+    pinned: dict[int, str] = {}  # unit in flight -> the worker its reads were started on
+    token = f"rasterflow-ahead-{uuid.uuid4().hex}"
+    started_on: set[str] = set()
+    if pin:
+        # a worker runs its queued tasks in an order of its own: with one queued per thread, the task whose reads
+        # were started is the one that runs next
+        feed.max_units = 2 * sum(threads.values())
+
+    def pin_to(number: int, built: Batch) -> str | None:
+        calls = built.prefetchable()
+        if not calls:
+            return None
+        address = min(load, key=lambda a: load[a] / threads[a])
+        try:
+            client.run(prefetch_here, token, calls, workers=[address])
+        except Exception:  # noqa: BLE001 - e.g. the worker left: the task starts its own reads wherever it runs
+            return None
+        started_on.add(address)
+        load[address] += 1
+        pinned[number] = address
+        return address
 
     def blocks_in_flight() -> int:
         return feed.blocks(key for keys in in_flight.values() for key in keys)
@@ -552,7 +599,7 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
                     rest.extend(unit)
                     continue
                 start_reads(unit, built)
-                future = built.submit_as_one(client)
+                future = built.submit_as_one(client, pin_to(unit_of[unit[-1]], built) if pin else None)
                 assert future is not None  # no blocks of another collection
                 in_flight[future] = list(unit)
                 whole.add(future)
@@ -585,6 +632,8 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
                     left[number] -= 1
                     if not left[number]:
                         del left[number]
+                        if number in pinned:
+                            load[pinned.pop(number)] -= 1
                         for drop in drops.pop(number, ()):
                             drop()  # reads its task did not take over (it failed before them)
                 future.release()  # the scheduler forgets the block's tasks
@@ -597,6 +646,11 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
         for started in drops.values():
             for drop in started:
                 drop()
+        if started_on:
+            try:
+                client.run(drop_here, token, workers=sorted(started_on))
+            except Exception:  # noqa: BLE001 - a worker that left took its reads with it
+                pass
 
 
 def settled(future: Future[Any], key: Key, wanted: bool = True) -> Any:
