@@ -26,6 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from rasterflow.planning import JobPlan
     from rasterflow.commands import RunResult
     from rasterflow.spec.loader import LoadedSpec
+    from rasterflow.spec.models import Spec
+
 
 __all__ = ["load_spec", "plan", "run", "open"]
 
@@ -35,7 +37,7 @@ DICT_SPEC_NAME = "<spec dict>"
 paths are relative to the working directory."""
 
 
-def load_spec(spec: str | os.PathLike[str] | Mapping[str, Any] | Any, *, variables: Mapping[str, str] | None = None,
+def load_spec(spec: str | os.PathLike[str] | Mapping[str, Any] | Spec, *, variables: Mapping[str, str] | None = None,
               environ: Mapping[str, str] | None = None) -> LoadedSpec:
     """Read and validate a spec (``${VAR}`` from ``variables``, then ``environ``, default the environment).
 
@@ -87,7 +89,7 @@ def _load_mapping(data: Mapping[str, Any], *, variables: Mapping[str, str] | Non
     return dataclasses.replace(loaded, positions=positions)
 
 
-def _loaded(spec: Any, variables: Mapping[str, str] | None) -> LoadedSpec:
+def _loaded(spec: str | os.PathLike[str] | Mapping[str, Any] | Spec | LoadedSpec, variables: Mapping[str, str] | None) -> LoadedSpec:
     from rasterflow.spec.loader import LoadedSpec
 
     if isinstance(spec, LoadedSpec):
@@ -106,7 +108,7 @@ def raise_variables_need_source() -> None:
                     f"variables=...) instead of its LoadedSpec")
 
 
-def plan(spec: Any, *, variables: Mapping[str, str] | None = None, now: dt.datetime | None = None) -> JobPlan:
+def plan(spec: str | os.PathLike[str] | Mapping[str, Any] | Spec | LoadedSpec, *, variables: Mapping[str, str] | None = None, now: dt.datetime | None = None) -> JobPlan:
     """Search the catalog (metadata only) and resolve the job: grid, chunks, items, the memory budget's verdict.
 
     ``plan(...).report.ok`` says whether the budget lets it run; nothing is computed.
@@ -120,7 +122,7 @@ def plan(spec: Any, *, variables: Mapping[str, str] | None = None, now: dt.datet
     return plan_command(_loaded(spec, variables), now=now).plan
 
 
-def run(spec: Any, *, variables: Mapping[str, str] | None = None, overwrite: bool = False,
+def run(spec: str | os.PathLike[str] | Mapping[str, Any] | Spec | LoadedSpec, *, variables: Mapping[str, str] | None = None, overwrite: bool = False,
         report_path: str | os.PathLike[str] | None = None, progress: bool = False,
         on_event: Callable[[str, dict[str, Any]], None] | None = None, handle_signals: bool = False,
         state_dir: str | os.PathLike[str] | None = None, now: dt.datetime | None = None) -> RunResult:
@@ -184,7 +186,7 @@ def run(spec: Any, *, variables: Mapping[str, str] | None = None, overwrite: boo
     return result
 
 
-def open(spec: Any, *, variables: Mapping[str, str] | None = None,  # noqa: A001 - rasterflow.open, as xr.open_*
+def open(spec: str | os.PathLike[str] | Mapping[str, Any] | Spec | LoadedSpec, *, variables: Mapping[str, str] | None = None,  # noqa: A001 - rasterflow.open, as xr.open_*
          now: dt.datetime | None = None) -> Any:
     """The planned job as a lazy :class:`xarray.Dataset` backed by Dask: nothing is read until it is computed.
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from rasterflow.expr import Expression, parse_expression
 from rasterflow.units import dtype_itemsize, format_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rasterflow.spec.models import Spec
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ class PipelineShape:
 _ORDER_STATISTICS = ("median", "quantile")
 
 
-def _budget_method(spec: Any) -> str | None:
+def _budget_method(spec: Spec) -> str | None:
     """The method the budget sizes a task by: a single ``reduce``'s; for a list (its statistics run one after the
     other on the same series, each result in its slot) the one with the most working copies, an order statistic
     first (it needs time whole)."""
@@ -96,7 +99,7 @@ def _budget_method(spec: Any) -> str | None:
     return str(max(ordered or methods, key=lambda m: REDUCTION_EXTRA_PLANES[m]))
 
 
-def _composite_shape(spec: Any) -> dict[str, Any]:
+def _composite_shape(spec: Spec) -> dict[str, Any]:
     """The composite fields of :class:`PipelineShape` (empty for anything but a geomedian or best-pixel composite):
     its inputs and outputs as the plan's :class:`~rasterflow.kernels.Composite` names them (``Spec.composite``)."""
     names = spec.composite
@@ -105,7 +108,7 @@ def _composite_shape(spec: Any) -> dict[str, Any]:
     return {"composite": names.method, "composite_inputs": names.inputs, "composite_outputs": names.outputs}
 
 
-def pipeline_shape(spec: Any) -> PipelineShape:
+def pipeline_shape(spec: Spec) -> PipelineShape:
     """Analyse a validated spec's expressions (names read, live arrays)."""
     assets = list(spec.source.assets)
     mask = parse_expression(spec.mask, assets, what="mask") if spec.mask else None

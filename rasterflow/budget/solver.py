@@ -4,7 +4,7 @@ a user pastes."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rasterflow.budget.constants import CACHE_CANDIDATES, ORDER_STATISTICS
 from rasterflow.budget.model import BudgetInputs, BudgetReport, Fix, PipelineShape
@@ -12,6 +12,9 @@ from rasterflow.budget.paths import code_path
 from rasterflow.budget.verdict import estimate
 from rasterflow.budget.workers import gdal_cache_bytes
 from rasterflow.units import format_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rasterflow.spec.models import Spec
 
 
 def solve_fixes(shape: PipelineShape, inputs: BudgetInputs) -> tuple[Fix, ...]:
@@ -148,14 +151,14 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def complete_patch(spec: Any, patch: dict[str, Any]) -> dict[str, Any]:
+def complete_patch(spec: Spec, patch: dict[str, Any]) -> dict[str, Any]:
     """The sections a fix touches, complete: the spec's own values (as written, defaults left to the defaults) with
     the fix merged in, so that pasting a section over the old one changes nothing else."""
     data = spec.model_dump(mode="json", exclude_unset=True, by_alias=True)
     return {section: _merge(data.get(section) or {}, values) for section, values in patch.items()}
 
 
-def fix_text(spec: Any, fix: Fix) -> str:
+def fix_text(spec: Spec, fix: Fix) -> str:
     """A fix as YAML ready to paste: complete sections (see :func:`complete_patch`)."""
     import yaml
 

@@ -12,7 +12,10 @@ rasterio (GDAL's PROJ) is imported inside the functions, not pyproj: a run loads
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rasterflow.spec.models import Spec
 
 __all__ = ["grid_problems", "MAX_GRID_PIXELS", "MAX_GRID_SIDE", "MAX_SPEC_TASKS"]
 
@@ -54,7 +57,7 @@ def _count(text: float) -> str:
     return f"{text:,.0f}" if text < 1e15 else f"{text:.3g}"
 
 
-def grid_problems(spec: Any) -> list[tuple[tuple[str, ...], str]]:
+def grid_problems(spec: Spec) -> list[tuple[tuple[str, ...], str]]:
     """The problems of ``spec.grid``, each as (the spec location to point at, what is wrong and what to change).
 
     Empty when the CRS is known to PROJ and the grid is a sane size. Nothing is allocated per pixel or task.
