@@ -621,12 +621,13 @@ def test_a_queued_chunks_reads_start_before_it_is_submitted_where_its_worker_is_
         assert sorted(_DROPPED) == list(range(12))
 
 
-def _pinned_task(chunk: int) -> np.ndarray:
+def _pinned_task(chunk: int, pause: float = 0.0) -> np.ndarray:
     """What the worker process running it knew: whether its reads had been started there, and which process."""
+    time.sleep(pause)
     return np.array([chunk * 10, int(_STARTED.get(chunk) == "ahead"), os.getpid()], dtype=np.int64)
 
 
-def _pinned_ahead(chunk: int):
+def _pinned_ahead(chunk: int, pause: float = 0.0):
     _STARTED.setdefault(chunk, "ahead")
     return lambda: _DROPPED.append(chunk)
 
@@ -682,3 +683,33 @@ def test_worker_processes_start_a_units_reads_on_the_worker_it_is_sent_to(client
     started = {chunk for state, _ in states.values() for chunk in state}
     dropped = sorted(chunk for _, drops in states.values() for chunk in drops)
     assert started == set(range(12)) and dropped == list(range(12))
+
+
+def test_a_worker_that_joins_gets_units_with_their_reads_started_there():
+    """An adaptive cluster: a worker that joins during the run is given units (their reads started there too), not
+    left idle while the first worker gets every unit."""
+    from rasterflow.layers import lazy_array
+
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster, set_as_default=False) as own:
+        _register_pinned()
+        own.run(_register_pinned)
+        array = lazy_array("test-joins", (16,), lambda block: (_pinned_task, block[0], 0.3), ((3,) * 16,), np.int64)
+        results: dict[int, tuple[int, ...]] = {}
+
+        def on_result(key, value) -> None:
+            results[key[1]] = tuple(int(v) for v in value)
+            if len(results) == 1:
+                cluster.scale(2)
+                own.wait_for_workers(2)
+                own.run(_register_pinned)
+
+        assert run_units(([(array.name, i)] for i in range(16)), BlockTasks([array]), total=16, client=own,
+                         max_in_flight=8, one_task_per_unit=True, on_result=on_result) == 16
+    assert {chunk: value[0] for chunk, value in results.items()} == {i: 10 * i for i in range(16)}
+    by_process: dict[int, list[int]] = {}
+    for chunk, value in results.items():
+        by_process.setdefault(value[2], []).append(chunk)
+    assert len(by_process) == 2, by_process  # the new worker ran some
+    assert all(value[1] == 1 for value in results.values()), results

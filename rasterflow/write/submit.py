@@ -555,9 +555,24 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
         # were started is the one that runs next
         feed.max_units = 2 * sum(threads.values())
 
+    def follow_workers() -> None:
+        # an adaptive cluster's workers come and go: pick among those there now (the client's view, refreshed by
+        # distributed in the background), and let the cap follow their threads
+        current = client.scheduler_info().get("workers") or {}
+        for address, info in current.items():
+            if str(address) not in threads:
+                threads[str(address)] = max(1, int((info or {}).get("nthreads") or 1))
+                load[str(address)] = 0
+        for address in [a for a in load if a not in current and not load[a]]:
+            del load[address], threads[address]
+        feed.max_units = 2 * max(1, sum(threads.values()))
+
     def pin_to(number: int, built: Batch) -> str | None:
         calls = built.prefetchable()
         if not calls:
+            return None
+        follow_workers()
+        if not load:
             return None
         address = min(load, key=lambda a: load[a] / threads[a])
         try:
