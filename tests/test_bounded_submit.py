@@ -713,3 +713,42 @@ def test_a_worker_that_joins_gets_units_with_their_reads_started_there():
         by_process.setdefault(value[2], []).append(chunk)
     assert len(by_process) == 2, by_process  # the new worker ran some
     assert all(value[1] == 1 for value in results.values()), results
+
+
+def _plain_task(chunk: int) -> np.ndarray:
+    time.sleep(0.05)
+    return np.array([chunk * 10, os.getpid()], dtype=np.int64)
+
+
+def test_units_whose_reads_cannot_start_ahead_are_not_pinned_nor_held_back(client):
+    """Local files (nothing to start ahead): the writer leaves the placement to the scheduler and keeps the cap's
+    units in flight, as before (no worker chosen, no Client.run)."""
+    from rasterflow.layers import lazy_array
+
+    array = lazy_array("test-plain", (12,), lambda block: (_plain_task, block[0]), ((2,) * 12,), np.int64)
+    calls: list[dict] = []
+    original_submit, original_run = client.submit, client.run
+    in_flight: list[int] = []
+    futures: list = []
+
+    def counting_submit(*args, **kwargs):
+        calls.append(kwargs)
+        in_flight.append(len([f for f in futures if not f.done()]) + 1)
+        future = original_submit(*args, **kwargs)
+        futures.append(future)
+        return future
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("Client.run was called")
+
+    client.submit, client.run = counting_submit, no_run
+    try:
+        results: dict[int, int] = {}
+        assert run_units(([(array.name, i)] for i in range(12)), BlockTasks([array]), total=12, client=client,
+                         max_in_flight=8, one_task_per_unit=True,
+                         on_result=lambda key, value: results.__setitem__(key[1], int(value[0]))) == 12
+    finally:
+        del client.submit, client.run
+    assert results == {i: 10 * i for i in range(12)}
+    assert all("workers" not in kwargs for kwargs in calls)
+    assert max(in_flight) > 4  # the cap (8), not one unit waiting per worker thread

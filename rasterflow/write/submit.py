@@ -544,7 +544,9 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
     drops: dict[int, list[Callable[[], None]]] = {}  # unit in flight -> what drops its reads started ahead
     # worker processes: a unit sent as one task goes to the worker with the fewest units in flight per thread, its
     # reads started there first (Client.run), so that its thread does not wait a round trip when it starts
-    pin = not ahead and one_task_per_unit and bool(workers)
+    # (only when the chunks' reads can start ahead: remote files the concurrent reader reads; asked of the first)
+    pin = not ahead and one_task_per_unit and bool(workers) and feed.head is not None \
+        and bool(build(feed.head).prefetchable())
     threads = {str(address): max(1, int((info or {}).get("nthreads") or 1)) for address, info in workers.items()}
     load = dict.fromkeys(threads, 0)
     pinned: dict[int, str] = {}  # unit in flight -> the worker its reads were started on
