@@ -526,6 +526,69 @@ class _Feed:
         return self.head is not None and (in_flight <= cap // 2 or units < self.min_units)
 
 
+class _Placement:
+    """Where the units of a run on worker processes go when their reads can start ahead: each unit to the worker
+    with the fewest units in flight per thread, its reads started in that worker's process first
+    (:func:`rasterflow.layers.prefetch_here` through ``Client.run``), so that its thread does not wait a round trip
+    when it starts. A worker runs its queued tasks in an order of its own, so at most one unit waits per worker
+    thread (the feed's ``max_units``): the unit whose reads were started is the one that runs next. The unit may
+    still run elsewhere if its worker leaves (a loose restriction), and then starts its own reads."""
+
+    def __init__(self, client: Client, feed: _Feed):
+        self.client, self.feed = client, feed
+        self.threads: dict[str, int] = {}
+        self.load: dict[str, int] = {}
+        self.placed: dict[int, str] = {}  # unit in flight -> the worker its reads were started on
+        self.token = f"rasterflow-ahead-{uuid.uuid4().hex}"
+        self.started_on: set[str] = set()
+        self.follow()
+
+    def follow(self) -> None:
+        """Take the workers there now (an adaptive cluster's come and go; the client's view, refreshed by
+        distributed in the background) and let the feed's limit follow their threads."""
+        current = self.client.scheduler_info().get("workers") or {}
+        for address, info in current.items():
+            if str(address) not in self.threads:
+                self.threads[str(address)] = max(1, int((info or {}).get("nthreads") or 1))
+                self.load[str(address)] = 0
+        for address in [a for a in self.load if a not in current and not self.load[a]]:
+            del self.load[address], self.threads[address]
+        self.feed.max_units = 2 * max(1, sum(self.threads.values()))
+
+    def place(self, number: int, built: Batch) -> str | None:
+        """The worker unit ``number`` goes to, its reads started there; None: anywhere (nothing to start, or the
+        worker could not be asked)."""
+        calls = built.prefetchable()
+        if not calls:
+            return None
+        self.follow()
+        if not self.load:
+            return None
+        address = min(self.load, key=lambda a: self.load[a] / self.threads[a])
+        try:
+            self.client.run(prefetch_here, self.token, calls, workers=[address])
+        except Exception:  # noqa: BLE001 - e.g. the worker left: the task starts its own reads wherever it runs
+            return None
+        self.started_on.add(address)
+        self.load[address] += 1
+        self.placed[number] = address
+        return address
+
+    def finished(self, number: int) -> None:
+        """Unit ``number`` finished: its worker has a place more."""
+        address = self.placed.pop(number, None)
+        if address is not None and address in self.load:
+            self.load[address] -= 1
+
+    def close(self) -> None:
+        """Drop, in every worker used, the reads no task took over (a failed or cancelled run's)."""
+        if self.started_on:
+            try:
+                self.client.run(drop_here, self.token, workers=sorted(self.started_on))
+            except Exception:  # noqa: BLE001 - a worker that left took its reads with it
+                pass
+
+
 def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], client: Client, cap: int,
                      on_result: Callable[[Key, Any], None] | None, count: _Counter,
                      one_task_per_unit: bool = False) -> None:
@@ -542,49 +605,10 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
     workers = client.scheduler_info().get("workers") or {}
     ahead = bool(workers) and all(str(address).startswith("inproc://") for address in workers)
     drops: dict[int, list[Callable[[], None]]] = {}  # unit in flight -> what drops its reads started ahead
-    # worker processes: a unit sent as one task goes to the worker with the fewest units in flight per thread, its
-    # reads started there first (Client.run), so that its thread does not wait a round trip when it starts
+    # worker processes: a unit sent as one task goes to a worker the writer picks, its reads started there first
     # (only when the chunks' reads can start ahead: remote files the concurrent reader reads; asked of the first)
-    pin = not ahead and one_task_per_unit and bool(workers) and feed.head is not None \
-        and bool(build(feed.head).prefetchable())
-    threads = {str(address): max(1, int((info or {}).get("nthreads") or 1)) for address, info in workers.items()}
-    load = dict.fromkeys(threads, 0)
-    pinned: dict[int, str] = {}  # unit in flight -> the worker its reads were started on
-    token = f"rasterflow-ahead-{uuid.uuid4().hex}"
-    started_on: set[str] = set()
-    if pin:
-        # a worker runs its queued tasks in an order of its own: with one queued per thread, the task whose reads
-        # were started is the one that runs next
-        feed.max_units = 2 * sum(threads.values())
-
-    def follow_workers() -> None:
-        # an adaptive cluster's workers come and go: pick among those there now (the client's view, refreshed by
-        # distributed in the background), and let the cap follow their threads
-        current = client.scheduler_info().get("workers") or {}
-        for address, info in current.items():
-            if str(address) not in threads:
-                threads[str(address)] = max(1, int((info or {}).get("nthreads") or 1))
-                load[str(address)] = 0
-        for address in [a for a in load if a not in current and not load[a]]:
-            del load[address], threads[address]
-        feed.max_units = 2 * max(1, sum(threads.values()))
-
-    def pin_to(number: int, built: Batch) -> str | None:
-        calls = built.prefetchable()
-        if not calls:
-            return None
-        follow_workers()
-        if not load:
-            return None
-        address = min(load, key=lambda a: load[a] / threads[a])
-        try:
-            client.run(prefetch_here, token, calls, workers=[address])
-        except Exception:  # noqa: BLE001 - e.g. the worker left: the task starts its own reads wherever it runs
-            return None
-        started_on.add(address)
-        load[address] += 1
-        pinned[number] = address
-        return address
+    placement = _Placement(client, feed) if not ahead and one_task_per_unit and bool(workers) \
+        and feed.head is not None and bool(build(feed.head).prefetchable()) else None
 
     def blocks_in_flight() -> int:
         return feed.blocks(key for keys in in_flight.values() for key in keys)
@@ -616,7 +640,8 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
                     rest.extend(unit)
                     continue
                 start_reads(unit, built)
-                future = built.submit_as_one(client, pin_to(unit_of[unit[-1]], built) if pin else None)
+                future = built.submit_as_one(client, placement.place(unit_of[unit[-1]], built)
+                                             if placement is not None else None)
                 assert future is not None  # no blocks of another collection
                 in_flight[future] = list(unit)
                 whole.add(future)
@@ -649,8 +674,8 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
                     left[number] -= 1
                     if not left[number]:
                         del left[number]
-                        if number in pinned:
-                            load[pinned.pop(number)] -= 1
+                        if placement is not None:
+                            placement.finished(number)
                         for drop in drops.pop(number, ()):
                             drop()  # reads its task did not take over (it failed before them)
                 future.release()  # the scheduler forgets the block's tasks
@@ -663,11 +688,8 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
         for started in drops.values():
             for drop in started:
                 drop()
-        if started_on:
-            try:
-                client.run(drop_here, token, workers=sorted(started_on))
-            except Exception:  # noqa: BLE001 - a worker that left took its reads with it
-                pass
+        if placement is not None:
+            placement.close()
 
 
 def settled(future: Future[Any], key: Key, wanted: bool = True) -> Any:
