@@ -7,7 +7,9 @@ or xarray) that depends on no other task, so no intermediate leaves its task, th
 all workers and no data moves between them. Each task carries only the items whose files meet its chunk (the
 plan's :class:`~rasterflow.planning.ChunkIndex`) and, of those, the asset reads whose files cover it; it reads them one
 item at a time and, for a deep series, reduces its chunk in sub-blocks (the budget's ``sub_block``), so its memory
-does not grow with the dates. Every array's layer is a :class:`~rasterflow.layers.TaskLayer`: a task is made when a
+does not grow with the dates. Each code path's tasks are built by its module in :mod:`rasterflow.paths`, beside its
+cost (:data:`rasterflow.paths.PATHS`, the switch the budget uses too); the task arrays and selections they share are
+here. Every array's layer is a :class:`~rasterflow.layers.TaskLayer`: a task is made when a
 writer's batch asks for it, so the client holds no task per chunk (issue 13, step 4).
 The graph is built from the plan alone (:class:`~rasterflow.planning.JobPlan`), with Dask's public API.
 """

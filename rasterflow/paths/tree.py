@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 def tree_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape,
                 terms: ItemTerms) -> list[tuple[str, int, str]]:
-    """The tree (``graph._tree_reduce``): the band task (the shared stages and the band block), then per band one
+    """The tree (:func:`_tree_reduce`): the band task (the shared stages and the band block), then per band one
     task of partials (``tasks.tree_partials``: :data:`TREE_CHUNK_EXTRA_PLANES` working copies, std's
     :data:`STD_PARTIAL_PLANES`), then the combination of :data:`TREE_SPLIT_EVERY` partials at a time."""
     stages = list(terms.stages) + [_bands_out(shape, terms)]
