@@ -7,7 +7,9 @@ or xarray) that depends on no other task, so no intermediate leaves its task, th
 all workers and no data moves between them. Each task carries only the items whose files meet its chunk (the
 plan's :class:`~rasterflow.planning.ChunkIndex`) and, of those, the asset reads whose files cover it; it reads them one
 item at a time and, for a deep series, reduces its chunk in sub-blocks (the budget's ``sub_block``), so its memory
-does not grow with the dates. Every array's layer is a :class:`~rasterflow.layers.TaskLayer`: a task is made when a
+does not grow with the dates. Each code path's tasks are built by its module in :mod:`rasterflow.paths`, beside its
+cost (:data:`rasterflow.paths.PATHS`, the switch the budget uses too); the task arrays and selections they share are
+here. Every array's layer is a :class:`~rasterflow.layers.TaskLayer`: a task is made when a
 writer's batch asks for it, so the client holds no task per chunk (issue 13, step 4).
 The graph is built from the plan alone (:class:`~rasterflow.planning.JobPlan`), with Dask's public API.
 """
@@ -24,7 +26,8 @@ import numpy as np
 import numpy.typing as npt
 import xarray as xr
 
-from rasterflow import kernels, tasks
+from rasterflow import kernels
+from rasterflow.paths import PATHS
 from rasterflow.planning import JobPlan
 from rasterflow.read import ReadJob
 from rasterflow.tasks import chunk_bands, chunk_reduce
@@ -185,47 +188,14 @@ def build_dataset(plan: JobPlan) -> xr.Dataset:
     if program is None or plan.sources is None:
         raise ValueError("build_dataset needs a plan made with the searched items")
     n_items = len(plan.items)
-    per_chunk = plan.chunks["time"]
-    item_chunks = tuple(min(per_chunk, n_items - start) for start in range(0, n_items, per_chunk))
-    n_dates = len(plan.times)
-    date_chunks = (n_dates,) if program.steps else item_chunks
     height, width = plan.grid.shape
     minx, _, _, maxy = plan.grid.bounds
     res = plan.grid.resolution
     coords: dict[str, Coordinate] = {"y": maxy - res * (np.arange(height) + 0.5), "x": minx + res * (np.arange(width) + 0.5)}
-    n_bands = len(program.bands)
-
-    keep_period, keep_quantile = bool(plan.period_labels), plan.quantile_dim
-    path = plan.code_path  # the budget's choice, so the memory it checked is that of the tasks built here
-    variables: dict[str, Variable]
-    if path == "series":
-        bands = _task_array(plan, "rasterflow-bands", chunk_bands, item_chunks, (date_chunks, (n_bands,)),
-                            program.dtype)
-        variables = {name: (("time", "y", "x"), _series_band(bands, index, name))
-                     for index, name in enumerate(program.band_names)}
-        coords["time"] = np.array([np.datetime64(t, "ns") for t in plan.times])
-    elif path == "fused":
-        fused = _task_array(plan, f"rasterflow-{program.reduce_method}", chunk_reduce,
-                            (n_items,) if program.steps else item_chunks,
-                            ((program.n_groups,), (program.n_quantiles,), (program.n_result_bands,)), program.dtype,
-                            (plan.sub_block, plan.sub_blocks_across))
-        if program.composite is not None:  # a geomedian or best-pixel composite: a variable per result slot
-            variables = {name: _statistic_band(fused, 0, slot, name, keep_period)
-                         for slot, name in enumerate(program.composite.outputs)}
-        elif program.statistics:  # several statistics: one variable per band and statistic, {band}_{statistic}
-            variables = {f"{name}_{statistic}": _statistic_band(fused, index, slot, f"{name}_{statistic}",
-                                                                keep_period)
-                         for index, name in enumerate(program.band_names)
-                         for slot, (statistic, _, _) in enumerate(program.statistics)}
-        else:
-            variables = {name: _reduced_band(fused, index, name, keep_period, keep_quantile)
-                         for index, name in enumerate(program.band_names)}
-    else:
-        bands = _task_array(plan, "rasterflow-bands", chunk_bands, item_chunks, (date_chunks, (n_bands,)),
-                            program.dtype)
-        variables = {name: _reduced_band(_tree_reduce(_time_chunked_band(bands, index, name), program, name), 0, name,
-                                         keep_period, keep_quantile)
-                     for index, name in enumerate(program.band_names)}
+    # the budget's path (one switch, rasterflow.paths.PATHS): the memory it checked is that of the tasks built here
+    built = PATHS[plan.code_path].build(plan)
+    variables = built.variables
+    coords.update(built.coords)
     if plan.period_labels:
         # each period's start (CF-style bounds: period_end, exclusive), and the label files are named by
         coords["period"] = ("period", np.array([np.datetime64(a, "ns") for a, _ in plan.period_bounds]),
@@ -277,36 +247,6 @@ def _reduced_band(fused: da.Array, band: int, name: str, keep_period: bool, keep
     return (*dims, "y", "x"), _select(fused, name, leads, lead_chunks)
 
 
-def _statistic_band(fused: da.Array, band: int, slot: int, name: str, keep_period: bool) -> Variable:
-    """Statistic ``slot`` of band ``band`` of the fused ``(group, slot, band, y, x)`` array: dims ``([period,] y,
-    x)``, its own lazy layer (block ``(p, i, j)`` is the fused block ``(i, j)`` at ``[p:p+1, slot, band]``)."""
-    groups = fused.shape[0]
-    leads: Leads = {}
-    for p in range(groups) if keep_period else (None,):
-        lead = () if p is None else (p,)
-        leads[lead] = ((0, 0, 0), (0 if p is None else slice(p, p + 1), slot, band))
-    lead_chunks = ((1,) * groups,) if keep_period else ()
-    return (*(("period",) if keep_period else ()), "y", "x"), _select(fused, name, leads, lead_chunks)
-
-
-def _series_band(bands: da.Array, band: int, name: str) -> da.Array:
-    """Band ``band`` of the ``(date, band, y, x)`` series, one date per chunk (what ``bands[:, band].rechunk({0: 1})``
-    gives), as its own lazy layer."""
-    leads: Leads = {}
-    for k, (t0, t1) in enumerate(_bounds(bands.chunks[0])):
-        for t in range(t0, t1):
-            leads[(t,)] = ((k, 0), (slice(t - t0, t - t0 + 1), band))
-    return _select(bands, name, leads, ((1,) * bands.shape[0],))
-
-
-def _time_chunked_band(bands: da.Array, band: int, name: str) -> da.Array:
-    """Band ``band`` of the ``(date, band, y, x)`` series, chunked in time as the series (``bands[:, band]``), as its
-    own lazy layer."""
-    leads: Leads = {
-        (k,): ((k, 0), (slice(None), band)) for k in range(bands.numblocks[0])}
-    return _select(bands, name, leads, (bands.chunks[0],))
-
-
 def _reduced_dims(stacked: da.Array, keep_period: bool, keep_quantile: bool) -> Variable:
     """``(group, quantile, y, x)`` -> the dims a user expects: period only with a period, quantile only for a list.
 
@@ -319,71 +259,3 @@ def _reduced_dims(stacked: da.Array, keep_period: bool, keep_quantile: bool) -> 
     names = [d for d, keep in zip(dims[:2], (keep_period, keep_quantile)) if keep] + ["y", "x"]
     chunks = {i: 1 for i in range(len(names) - 2)}
     return tuple(names), array.rechunk(chunks) if chunks else array
-
-
-class _TreePartials:
-    """The task of block ``(k, 0, i, j)`` of a tree's partials: one band's time chunk ``k`` -> its partials."""
-
-    def __init__(self, source: str, method: str, local: list[tuple[tuple[int, ...], ...]]) -> None:
-        self.source, self.method, self.local = source, method, local
-
-    def __call__(self, block: tuple[int, ...]) -> Task:
-        k, i, j = block[0], block[-2], block[-1]
-        return (tasks.tree_partials, (self.source, k, i, j), self.method, self.local[k])
-
-
-class _TreeCombine:
-    """The task of block ``(c, 0, i, j)`` of a tree level: up to ``fan_in`` partials of the level below combined."""
-
-    def __init__(self, source: str, below: int, fan_in: int, method: str) -> None:
-        self.source, self.below, self.fan_in, self.method = source, below, fan_in, method
-
-    def __call__(self, block: tuple[int, ...]) -> Task:
-        c, i, j = block[0], block[-2], block[-1]
-        keys = [(self.source, k, 0, i, j) for k in range(c * self.fan_in, min((c + 1) * self.fan_in, self.below))]
-        return (tasks.tree_combine, keys, self.method)
-
-
-class _TreeFinish:
-    """The task of block ``(0, 0, 0, i, j)``: the combined partials of a spatial chunk -> the reduction."""
-
-    def __init__(self, source: str, method: str, n_groups: int) -> None:
-        self.source, self.method, self.n_groups = source, method, n_groups
-
-    def __call__(self, block: tuple[int, ...]) -> Task:
-        return (tasks.tree_finish, (self.source, 0, 0, block[-2], block[-1]), self.method, self.n_groups)
-
-
-def _tree_reduce(series: da.Array, program: kernels.Program, band_name: str) -> da.Array:
-    """A streaming reduction over a chunked time axis (median/quantile are refused here by the budget) ->
-    ``(group, 1, 1, y, x)``, one block per spatial chunk, shaped as the fused task's result so that
-    :func:`_reduced_band` cuts it the same way. Partials per time chunk (:func:`rasterflow.tasks.tree_partials`),
-    combined :data:`~rasterflow.budget.TREE_SPLIT_EVERY` at a time, then finished: each a lazy
-    :class:`~rasterflow.layers.TaskLayer` whose functions live in :mod:`rasterflow.tasks`, so the workers import
-    neither dask.array nor xarray for them (Dask's nan-reductions did). The partial and combine levels' blocks are
-    ``{period: partials}`` dicts (a time chunk holds only its own periods'); their declared chunks only place them
-    in the graph, nothing reads them as arrays."""
-    from rasterflow.budget import TREE_SPLIT_EVERY
-
-    method = program.reduce_method
-    assert method in tasks.TREE_PARTS, f"{method} needs time whole (chunks.time: -1)"
-    groups = program.groups or (tuple(range(series.shape[0])),)
-    edges = _bounds(series.chunks[0])
-    local = [tuple(tuple(d - t0 for d in group if t0 <= d < t1) for group in groups) for t0, t1 in edges]
-    ny, nx = series.numblocks[-2:]
-    spatial = series.chunks[-2:]
-    n_groups, n_parts = len(groups), tasks.TREE_PARTS[method]
-    token = dask.base.tokenize(series.name, method, groups)
-    prefix = f"rasterflow-tree-{method}-{band_name}"
-    level = _lazy_array(f"{prefix}-partials-{token}", (len(edges), 1, ny, nx),
-                        _TreePartials(series.name, method, local),
-                        ((n_groups,) * len(edges), (n_parts,), *spatial), series.dtype, dependencies=[series])
-    below, depth = len(edges), 0
-    while below > 1:
-        count = -(-below // TREE_SPLIT_EVERY)
-        level = _lazy_array(f"{prefix}-combine{depth}-{token}", (count, 1, ny, nx),
-                            _TreeCombine(level.name, below, TREE_SPLIT_EVERY, method),
-                            ((n_groups,) * count, (n_parts,), *spatial), series.dtype, dependencies=[level])
-        below, depth = count, depth + 1
-    return _lazy_array(f"{prefix}-{token}", (1, 1, 1, ny, nx), _TreeFinish(level.name, method, n_groups),
-                       ((n_groups,), (1,), (1,), *spatial), series.dtype, dependencies=[level])

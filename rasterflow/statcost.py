@@ -1,12 +1,12 @@
 """What each statistic of a ``reduce`` costs, for ``plan`` (issue 29 item 5).
 
 No second model: the numbers are the terms the budget's reduce stage already adds up
-(:func:`rasterflow.budget.paths.fused_stages`), split by statistic, for the job's largest task:
+(:func:`rasterflow.paths.fused.fused_stages`), split by statistic, for the job's largest task:
 
 - ``work_bytes``: the statistic's working copies, ``REDUCTION_EXTRA_PLANES[method]`` one-band series of the task's
   (sub-)block (of a period's subset). The statistics of a list run one after the other on the same series, so the
   budget's stage counts the largest of them, not their sum, plus the block of one band's statistics they fill
-  (:func:`rasterflow.budget.paths.reduce_work`, :attr:`StatisticsCost.work_bytes`). A composite's is the stage's
+  (:func:`rasterflow.paths.fused.reduce_work`, :attr:`StatisticsCost.work_bytes`). A composite's is the stage's
   whole work term: its kernel's work arrays and its result.
 - ``result_bytes``: the result slots the budget counts for the statistic (groups × its variables × bands, one band
   for a composite, × itemsize × the chunk's pixels); they add up to the reduce stage's result term

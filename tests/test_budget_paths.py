@@ -349,12 +349,12 @@ def test_std_partials_combined_in_any_split_match_numpy(dtype):
 
 @pytest.mark.parametrize("method", ["std", "mean", "sum", "count", "min", "max"])
 def test_the_tree_reduction_matches_the_fused_kernel(method):
-    """graph._tree_reduce on a time axis in chunks of 5 (8 chunks: two combine levels) equals the time-whole
+    """The tree path's _tree_reduce on a time axis in chunks of 5 (8 chunks: two combine levels) equals the time-whole
     reduction, NaN where no date is valid; with two periods, each is its own group."""
     import dask
     import dask.array as da
 
-    from rasterflow import graph
+    from rasterflow.paths import tree as tree_path
 
     rng = np.random.default_rng(3)
     values = rng.random((37, 70, 65)).astype("float32")
@@ -366,7 +366,7 @@ def test_the_tree_reduction_matches_the_fused_kernel(method):
         program = kernels.Program(assets=("x",), mask=None, masked_assets=(), bands=(), dtype="float32",
                                   reduce_method=method, groups=groups)
         with dask.config.set(scheduler="synchronous"):
-            tree = graph._tree_reduce(da.from_array(values, chunks=(5, 32, 32)), program, "x").compute()
+            tree = tree_path._tree_reduce(da.from_array(values, chunks=(5, 32, 32)), program, "x").compute()
         assert tree.shape == (len(groups) or 1, 1, 1, 70, 65) and tree.dtype == np.float32
         for g, dates in enumerate(groups or (tuple(range(37)),)):
             fused = kernels.reduce_time(values[list(dates)], method)[0]  # the time-whole path

@@ -69,3 +69,21 @@ def test_the_write_plan_is_light_and_the_writers_reexport_it():
         assert getattr(common, name) is getattr(writeplan, name), name
     assert cogassembly.TEMPLATE_CACHEMAX is writeplan.TEMPLATE_CACHEMAX
     assert paths.shard_side is writeplan.shard_side and cogclient.fast_layout is writeplan.fast_layout
+
+
+def test_the_paths_cost_is_light_and_imports_in_either_order():
+    """``rasterflow.paths`` holds each code path's cost beside its tasks' building: importing it (as the budget
+    does) brings in no Dask, xarray, task, graph or reader module, nothing beyond the budget's own imports and the
+    paths' modules; a path's ``build`` imports them when it runs. The budget's package re-exports the paths' names
+    and the paths read the budget's constants: whichever is imported first, both are complete."""
+    for statement in ("import rasterflow.paths", "import rasterflow.paths.tree", "import rasterflow.budget",
+                      "import rasterflow.budget.constants", "import rasterflow.paths.common"):
+        modules = _modules_after(statement + "\nimport rasterflow.paths, rasterflow.budget\n"
+                                 "assert rasterflow.paths.PATHS and rasterflow.budget.paths.PATHS is rasterflow.paths.PATHS")
+        assert not [m for m in modules if m.split(".")[0] in ("dask", "xarray", "distributed", "rasterio", "zarr")]
+        assert not [m for m in modules if m.split(".")[:2] in (["rasterflow", "tasks"], ["rasterflow", "graph"],
+                                                               ["rasterflow", "read"], ["rasterflow", "kernels"])]
+    budget = set(_modules_after("import rasterflow.budget"))
+    paths = set(_modules_after("import rasterflow.paths"))
+    assert {m for m in paths - budget if not m.startswith("rasterflow.paths")} == set()
+    assert {"rasterflow.paths.fused", "rasterflow.paths.tree", "rasterflow.paths.series"} <= budget

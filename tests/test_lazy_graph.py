@@ -35,6 +35,7 @@ from dask.highlevelgraph import HighLevelGraph
 from reference import load_items
 
 from rasterflow import graph, kernels
+from rasterflow.paths import tree
 from rasterflow.planning import make_plan
 from rasterflow.sizing import WorkerLayout
 from rasterflow.spec import load_spec
@@ -173,7 +174,7 @@ def _old_variables(plan, dataset) -> dict[str, da.Array]:
         elif layer[next(iter(layer))][0] is graph.chunk_reduce:
             out[band] = graph._reduced_dims(root[:, :, b], *keep)[1]
         else:  # the tree path: time chunked, reduced by the tree's own layers over the band sliced by Dask
-            out[band] = graph._reduced_band(graph._tree_reduce(root[:, b], program, band), 0, band, *keep)[1]
+            out[band] = graph._reduced_band(tree._tree_reduce(root[:, b], program, band), 0, band, *keep)[1]
     return out
 
 

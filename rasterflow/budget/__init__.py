@@ -2,7 +2,8 @@
 
 DOMAIN.md: ``peak per worker ≈ chunk_bytes × live_arrays × threads_per_worker + GDAL block cache + interpreter``.
 
-The model follows the code path :mod:`rasterflow.graph` builds from the same resolved plan (issue 10):
+The model follows the code path :mod:`rasterflow.graph` builds from the same resolved plan (issue 10); each path's
+cost lives beside the tasks that run it, in :mod:`rasterflow.paths` (issue 28):
 
 - **fused** (a reduction with time whole, or ``group_by: solar_day``): one task per spatial chunk reads every item
   whose files meet the chunk (the plan's chunk index, :attr:`BudgetInputs.chunk_depth`: its most items of one chunk),
@@ -14,7 +15,7 @@ The model follows the code path :mod:`rasterflow.graph` builds from the same res
   ``tasks.chunk_reduce``): the task then holds one sub-block's series and the chunk's result.
 - **tree** (a streaming reduction with time chunked): one task per (time chunk, spatial chunk) evaluates the bands
   into a ``(date, band, y, x)`` block (``kernels.band_block``), which stays in the worker until one reduction task
-  per band has turned it into partials (``graph._tree_reduce``: ``tasks.tree_partials``, NumPy's nan-reductions;
+  per band has turned it into partials (``paths.tree._tree_reduce``: ``tasks.tree_partials``, NumPy's nan-reductions;
   std's streaming partials).
 - **series** (no reduction): the same band block, held until every date of it is written.
 
@@ -36,8 +37,10 @@ The package, by what each module holds:
 - :mod:`~rasterflow.budget.constants`: the measured constants, each with its provenance;
 - :mod:`~rasterflow.budget.model`: the dataclasses (:class:`PipelineShape`, :class:`BudgetInputs`, :class:`TaskShape`,
   :class:`StageEstimate`, :class:`Fix`, :class:`BudgetReport`);
-- :mod:`~rasterflow.budget.paths`: each code path's per-task projection, one function per path, and what a worker
-  holds between its tasks;
+- :mod:`~rasterflow.budget.taskshapes`: which code path a job takes and its tasks' shapes, how many run at once;
+- :mod:`~rasterflow.budget.paths`: the sub-blocks, one task's stages and what a worker holds between its tasks on
+  the job's path, through the one switch :data:`rasterflow.paths.PATHS` (each path's functions live in
+  :mod:`rasterflow.paths.fused`, :mod:`~rasterflow.paths.tree`, :mod:`~rasterflow.paths.series`, re-exported here);
 - :mod:`~rasterflow.budget.workers`: the worker-level terms (tasks at once, open files, GDAL's cache, baseline);
 - :mod:`~rasterflow.budget.cogclient`: the COG tile layout and the client that assembles the files;
 - :mod:`~rasterflow.budget.verdict`: :func:`estimate` and :func:`static_estimate`;

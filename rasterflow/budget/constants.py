@@ -2,8 +2,8 @@
 
 A constant here is a number read off a real run or a probe (``benchmarks/budget_accuracy.py``,
 ``tests/test_budget_measured.py``, the benchmarks in ``benchmarks/README.md``), or a mirror of a number another module
-owns (its name says which); the arithmetic that uses them is in :mod:`rasterflow.budget.paths` and
-:mod:`rasterflow.budget.workers`. Importing this module imports nothing heavy (``validate`` stays light).
+owns (its name says which); the arithmetic that uses them is in :mod:`rasterflow.paths` (each code path's
+cost), :mod:`rasterflow.budget.paths` and :mod:`rasterflow.budget.workers`. Importing this module imports nothing heavy (``validate`` stays light).
 """
 
 from __future__ import annotations
