@@ -33,9 +33,10 @@ from rasterflow.read import ReadJob
 from rasterflow.tasks import chunk_bands, chunk_reduce
 from rasterflow.layers import Task, lazy_array
 
-__all__ = ["build_dataset", "chunk_reduce", "chunk_bands", "read_jobs", "local_read_job"]
+__all__ = ["build_dataset", "chunk_reduce", "chunk_bands", "read_jobs", "local_read_job", "task_array", "select_blocks",
+           "reduced_band", "lazy_task_array", "block_bounds"]
 
-#: A task function of :func:`_task_array`: ``function(job, rows, cols, program, view, *extra)`` -> its block
+#: A task function of :func:`task_array`: ``function(job, rows, cols, program, view, *extra)`` -> its block
 #: (:func:`~rasterflow.tasks.chunk_reduce` with ``extra = (sub_block, sub_blocks_across)``, :func:`~rasterflow.tasks.chunk_bands`
 #: with none); the arity varies with ``extra``, hence ``...``.
 ChunkFunction: TypeAlias = Callable[..., np.ndarray]
@@ -52,7 +53,8 @@ Coordinate: TypeAlias = np.ndarray | tuple[str, np.ndarray] | tuple[str, np.ndar
 Variable: TypeAlias = tuple[tuple[str, ...], da.Array]
 
 
-def _bounds(chunks: tuple[int, ...]) -> list[tuple[int, int]]:
+def block_bounds(chunks: tuple[int, ...]) -> list[tuple[int, int]]:
+    """``[start, end)`` of each block along one dimension chunked ``chunks``."""
     edges = np.cumsum((0, *chunks))
     return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
 
@@ -90,7 +92,7 @@ def _one_box(plan: JobPlan) -> list[bool]:
 
 
 class _ChunkTasks:
-    """The task of block ``(time chunk, 0.., y chunk, x chunk)`` of :func:`_task_array`:
+    """The task of block ``(time chunk, 0.., y chunk, x chunk)`` of :func:`task_array`:
     ``(function, job, rows, cols, program, view, *extra)``, the job holding the items the plan's chunk index puts
     on the chunk (every item of the time chunk, the files missing the window None, without an index)."""
 
@@ -99,7 +101,7 @@ class _ChunkTasks:
         program = plan.program
         assert program is not None
         self.plan, self.function, self.program, self.extra = plan, function, program, extra
-        self.item_edges, self.rows, self.cols = item_edges, _bounds(y_chunks), _bounds(x_chunks)
+        self.item_edges, self.rows, self.cols = item_edges, block_bounds(y_chunks), block_bounds(x_chunks)
         self.n_items = len(plan.items)
         self.index = plan.chunk_index
         self.one_box = _one_box(plan) if self.index is not None else None
@@ -127,7 +129,7 @@ class _ChunkTasks:
 
 
 class _Selection:
-    """The task of block ``(*lead, y chunk, x chunk)`` of one band cut out of a task array (:func:`_select`):
+    """The task of block ``(*lead, y chunk, x chunk)`` of one band cut out of a task array (:func:`select_blocks`):
     ``(operator.getitem, source block, index)``, ``leads[lead]`` giving the source block's leading indices and
     the index into it."""
 
@@ -139,12 +141,14 @@ class _Selection:
         return (operator.getitem, (self.source, *prefix, *block[-2:]), index)
 
 
-def _lazy_array(name: str, numblocks: tuple[int, ...], make: Callable[[tuple[int, ...]], Task], chunks: Chunks,
-                dtype: npt.DTypeLike, dependencies: Sequence[da.Array] = (), *, inline: bool = False) -> da.Array:
+def lazy_task_array(name: str, numblocks: tuple[int, ...], make: Callable[[tuple[int, ...]], Task], chunks: Chunks,
+                    dtype: npt.DTypeLike, dependencies: Sequence[da.Array] = (), *,
+                    inline: bool = False) -> da.Array:
+    """A Dask array whose block ``b`` is the task ``make(b)`` (:func:`rasterflow.layers.lazy_array`)."""
     return lazy_array(name, numblocks, make, chunks, dtype, dependencies, inline=inline)
 
 
-def _task_array(plan: JobPlan, prefix: str, function: ChunkFunction, time_chunks: tuple[int, ...], leading: Chunks,
+def task_array(plan: JobPlan, prefix: str, function: ChunkFunction, time_chunks: tuple[int, ...], leading: Chunks,
                 dtype: str, extra: tuple[object, ...] = ()) -> da.Array:
     """A Dask array with one independent task per (time chunk, y chunk, x chunk); each task holds only the items
     the plan's chunk index puts on its chunk (:class:`~rasterflow.kernels.TaskItems`); ``extra`` are more arguments
@@ -162,21 +166,21 @@ def _task_array(plan: JobPlan, prefix: str, function: ChunkFunction, time_chunks
     index = plan.chunk_index
     if index is not None and index.chunk_yx != (cy, cx):
         raise ValueError(f"the plan's chunk index is for chunks {index.chunk_yx}, its tasks are {(cy, cx)}")
-    item_edges = _bounds(time_chunks) if not program.steps else [(0, len(plan.items))]
+    item_edges = block_bounds(time_chunks) if not program.steps else [(0, len(plan.items))]
     chunks = leading + (y_chunks, x_chunks)
     numblocks = (len(item_edges),) + (1,) * (len(leading) - 1) + (len(y_chunks), len(x_chunks))
     make = _ChunkTasks(plan, function, item_edges, y_chunks, x_chunks, extra)
-    return _lazy_array(name, numblocks, make, chunks, dtype)
+    return lazy_task_array(name, numblocks, make, chunks, dtype)
 
 
-def _select(source: da.Array, band_name: str, leads: Leads, lead_chunks: Chunks) -> da.Array:
+def select_blocks(source: da.Array, band_name: str, leads: Leads, lead_chunks: Chunks) -> da.Array:
     """One band of a task array, as its own lazy layer (a :class:`~rasterflow.layers.TaskLayer` of
     :class:`_Selection`): block ``(*lead, i, j)`` is ``source_block[index]`` with ``leads[lead] = (source leading
     block, index)``, the leading dims chunked ``lead_chunks``. The same blocks as Dask's slicing and rechunking of
     ``source`` would give, without their layers of O(chunks) tasks."""
     name = f"rasterflow-{band_name}-{dask.base.tokenize(source.name, band_name, repr(leads))}"
     numblocks = tuple(len(c) for c in lead_chunks) + source.numblocks[-2:]
-    return _lazy_array(name, numblocks, _Selection(source.name, leads), lead_chunks + source.chunks[-2:],
+    return lazy_task_array(name, numblocks, _Selection(source.name, leads), lead_chunks + source.chunks[-2:],
                        source.dtype, dependencies=[source], inline=True)
 
 
@@ -231,7 +235,7 @@ def build_dataset(plan: JobPlan) -> xr.Dataset:
     return write_georef(dataset, plan.grid.crs, plan.grid.transform)
 
 
-def _reduced_band(fused: da.Array, band: int, name: str, keep_period: bool, keep_quantile: bool) -> Variable:
+def reduced_band(fused: da.Array, band: int, name: str, keep_period: bool, keep_quantile: bool) -> Variable:
     """Band ``band`` of the fused ``(group, quantile, band, y, x)`` array with the dims a user expects (those of
     :func:`_reduced_dims`: period only with a period, quantile only for a list, each chunked 1), as its own lazy
     layer: block ``(p, q, i, j)`` is the fused block ``(i, j)`` at ``[p:p+1, q:q+1, band]``."""
@@ -244,13 +248,13 @@ def _reduced_band(fused: da.Array, band: int, name: str, keep_period: bool, keep
             leads[lead] = ((0, 0, 0), index)
     dims = [d for d, keep in (("period", keep_period), ("quantile", keep_quantile)) if keep]
     lead_chunks = tuple((1,) * n for n, keep in ((groups, keep_period), (quantiles, keep_quantile)) if keep)
-    return (*dims, "y", "x"), _select(fused, name, leads, lead_chunks)
+    return (*dims, "y", "x"), select_blocks(fused, name, leads, lead_chunks)
 
 
 def _reduced_dims(stacked: da.Array, keep_period: bool, keep_quantile: bool) -> Variable:
     """``(group, quantile, y, x)`` -> the dims a user expects: period only with a period, quantile only for a list.
 
-    Dask's slicing and rechunking: no longer part of the graph (:func:`_reduced_band` gives the same blocks as one
+    Dask's slicing and rechunking: no longer part of the graph (:func:`reduced_band` gives the same blocks as one
     lazy layer); kept as the reference construction ``tests/test_lazy_graph.py`` and ``benchmarks/bounded_submit.py``
     compare it with."""
     dims = ["period", "quantile", "y", "x"]

@@ -53,7 +53,7 @@ def _plan(sample, tmp_path: Path, **kwargs):
 
 
 def _old_layer(plan, name: str, function, time_chunks: tuple[int, ...], n_leading: int, extra: tuple = ()) -> dict:
-    """The layer ``graph._task_array`` materialised before: the former loop, verbatim but for the names."""
+    """The layer ``graph.task_array`` materialised before: the former loop, verbatim but for the names."""
     program = plan.program
     cy, cx = plan.chunks["y"], plan.chunks["x"]
     height, width = plan.grid.shape
@@ -174,7 +174,7 @@ def _old_variables(plan, dataset) -> dict[str, da.Array]:
         elif layer[next(iter(layer))][0] is graph.chunk_reduce:
             out[band] = graph._reduced_dims(root[:, :, b], *keep)[1]
         else:  # the tree path: time chunked, reduced by the tree's own layers over the band sliced by Dask
-            out[band] = graph._reduced_band(tree._tree_reduce(root[:, b], program, band), 0, band, *keep)[1]
+            out[band] = graph.reduced_band(tree._tree_reduce(root[:, b], program, band), 0, band, *keep)[1]
     return out
 
 

@@ -48,7 +48,7 @@ def fused_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, te
                    f"{terms.base} + {work_words}" + (" + a period's subset" if subset else "")
                    + f" + the {terms.n_groups}×{quantiles}×{shape.result_bands} result{terms.strip_words}"))
     if writes:
-        # the write task of one of the chunk's entries, its whole result alive (graph._reduced_band selects views)
+        # the write task of one of the chunk's entries, its whole result alive (graph.reduced_band selects views)
         extra_write, words = write_extra_bytes(shape, inputs, task.pixels)
         stages.append(("write", int(result * task.pixels + extra_write),
                        f"the chunk's {terms.n_groups}×{quantiles}×{shape.result_bands} result + {words}"))
@@ -107,7 +107,7 @@ def fused_held(shape: PipelineShape, inputs: BudgetInputs) -> int:
     # ran, 414 MB measured where 283 MB was predicted without them (2026-12-06); so one waiting result per
     # running task, as far as the writer's cap leaves other chunks in flight (Zarr with 3 bands on 2 threads:
     # 2 chunks in flight, none waiting). A result with periods or quantiles stays whole while its entries are
-    # written (graph._reduced_band selects views of it): at least one is held.
+    # written (graph.reduced_band selects views of it): at least one is held.
     entries = n_groups * max(1, shape.n_quantiles)
     running = concurrent_tasks(shape, inputs)
     waiting = min(running, max(0, units_in_flight(shape, inputs) - running))
@@ -146,7 +146,7 @@ def build(plan: JobPlan) -> PathTasks:
     -------
     PathTasks
     """
-    from rasterflow.graph import _reduced_band, _task_array
+    from rasterflow.graph import reduced_band, task_array
     from rasterflow.tasks import chunk_reduce
 
     program = plan.program
@@ -155,7 +155,7 @@ def build(plan: JobPlan) -> PathTasks:
     item_chunks, _ = time_chunks(plan)
     keep_period, keep_quantile = bool(plan.period_labels), plan.quantile_dim
     variables: dict[str, Variable]
-    fused = _task_array(plan, f"rasterflow-{program.reduce_method}", chunk_reduce,
+    fused = task_array(plan, f"rasterflow-{program.reduce_method}", chunk_reduce,
                         (n_items,) if program.steps else item_chunks,
                         ((program.n_groups,), (program.n_quantiles,), (program.n_result_bands,)), program.dtype,
                         (plan.sub_block, plan.sub_blocks_across))
@@ -168,7 +168,7 @@ def build(plan: JobPlan) -> PathTasks:
                      for index, name in enumerate(program.band_names)
                      for slot, (statistic, _, _) in enumerate(program.statistics)}
     else:
-        variables = {name: _reduced_band(fused, index, name, keep_period, keep_quantile)
+        variables = {name: reduced_band(fused, index, name, keep_period, keep_quantile)
                      for index, name in enumerate(program.band_names)}
     return PathTasks(variables, {}, projected_task_bytes(plan, task_stages))
 
@@ -176,7 +176,7 @@ def build(plan: JobPlan) -> PathTasks:
 def _statistic_band(fused: da.Array, band: int, slot: int, name: str, keep_period: bool) -> Variable:
     """Statistic ``slot`` of band ``band`` of the fused ``(group, slot, band, y, x)`` array: dims ``([period,] y,
     x)``, its own lazy layer (block ``(p, i, j)`` is the fused block ``(i, j)`` at ``[p:p+1, slot, band]``)."""
-    from rasterflow.graph import _select
+    from rasterflow.graph import select_blocks
 
     groups = fused.shape[0]
     leads: Leads = {}
@@ -184,4 +184,4 @@ def _statistic_band(fused: da.Array, band: int, slot: int, name: str, keep_perio
         lead = () if p is None else (p,)
         leads[lead] = ((0, 0, 0), (0 if p is None else slice(p, p + 1), slot, band))
     lead_chunks = ((1,) * groups,) if keep_period else ()
-    return (*(("period",) if keep_period else ()), "y", "x"), _select(fused, name, leads, lead_chunks)
+    return (*(("period",) if keep_period else ()), "y", "x"), select_blocks(fused, name, leads, lead_chunks)

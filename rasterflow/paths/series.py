@@ -91,14 +91,14 @@ def build(plan: JobPlan) -> PathTasks:
     """
     import numpy as np
 
-    from rasterflow.graph import _task_array
+    from rasterflow.graph import task_array
     from rasterflow.tasks import chunk_bands
 
     program = plan.program
     assert program is not None, "a plan without items has no tasks"
     n_bands = len(program.bands)
     item_chunks, date_chunks = time_chunks(plan)
-    bands = _task_array(plan, "rasterflow-bands", chunk_bands, item_chunks, (date_chunks, (n_bands,)),
+    bands = task_array(plan, "rasterflow-bands", chunk_bands, item_chunks, (date_chunks, (n_bands,)),
                         program.dtype)
     variables: dict[str, Variable] = {name: (("time", "y", "x"), _series_band(bands, index, name))
                                       for index, name in enumerate(program.band_names)}
@@ -109,10 +109,10 @@ def build(plan: JobPlan) -> PathTasks:
 def _series_band(bands: da.Array, band: int, name: str) -> da.Array:
     """Band ``band`` of the ``(date, band, y, x)`` series, one date per chunk (what ``bands[:, band].rechunk({0: 1})``
     gives), as its own lazy layer."""
-    from rasterflow.graph import _bounds, _select
+    from rasterflow.graph import block_bounds, select_blocks
 
     leads: Leads = {}
-    for k, (t0, t1) in enumerate(_bounds(bands.chunks[0])):
+    for k, (t0, t1) in enumerate(block_bounds(bands.chunks[0])):
         for t in range(t0, t1):
             leads[(t,)] = ((k, 0), (slice(t - t0, t - t0 + 1), band))
-    return _select(bands, name, leads, ((1,) * bands.shape[0],))
+    return select_blocks(bands, name, leads, ((1,) * bands.shape[0],))

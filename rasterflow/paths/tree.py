@@ -128,7 +128,7 @@ def build(plan: JobPlan) -> PathTasks:
     -------
     PathTasks
     """
-    from rasterflow.graph import _reduced_band, _task_array
+    from rasterflow.graph import reduced_band, task_array
     from rasterflow.tasks import chunk_bands
 
     program = plan.program
@@ -136,9 +136,9 @@ def build(plan: JobPlan) -> PathTasks:
     n_bands = len(program.bands)
     item_chunks, date_chunks = time_chunks(plan)
     keep_period, keep_quantile = bool(plan.period_labels), plan.quantile_dim
-    bands = _task_array(plan, "rasterflow-bands", chunk_bands, item_chunks, (date_chunks, (n_bands,)),
+    bands = task_array(plan, "rasterflow-bands", chunk_bands, item_chunks, (date_chunks, (n_bands,)),
                         program.dtype)
-    variables = {name: _reduced_band(_tree_reduce(_time_chunked_band(bands, index, name), program, name), 0, name,
+    variables = {name: reduced_band(_tree_reduce(_time_chunked_band(bands, index, name), program, name), 0, name,
                                      keep_period, keep_quantile)
                  for index, name in enumerate(program.band_names)}
     return PathTasks(variables, {}, projected_task_bytes(plan, task_stages))
@@ -147,11 +147,11 @@ def build(plan: JobPlan) -> PathTasks:
 def _time_chunked_band(bands: da.Array, band: int, name: str) -> da.Array:
     """Band ``band`` of the ``(date, band, y, x)`` series, chunked in time as the series (``bands[:, band]``), as its
     own lazy layer."""
-    from rasterflow.graph import _select
+    from rasterflow.graph import select_blocks
 
     leads: Leads = {
         (k,): ((k, 0), (slice(None), band)) for k in range(bands.numblocks[0])}
-    return _select(bands, name, leads, (bands.chunks[0],))
+    return select_blocks(bands, name, leads, (bands.chunks[0],))
 
 
 class _TreePartials:
@@ -196,7 +196,7 @@ class _TreeFinish:
 def _tree_reduce(series: da.Array, program: kernels.Program, band_name: str) -> da.Array:
     """A streaming reduction over a chunked time axis (median/quantile are refused here by the budget) ->
     ``(group, 1, 1, y, x)``, one block per spatial chunk, shaped as the fused task's result so that
-    :func:`_reduced_band` cuts it the same way. Partials per time chunk (:func:`rasterflow.tasks.tree_partials`),
+    :func:`reduced_band` cuts it the same way. Partials per time chunk (:func:`rasterflow.tasks.tree_partials`),
     combined :data:`~rasterflow.budget.TREE_SPLIT_EVERY` at a time, then finished: each a lazy
     :class:`~rasterflow.layers.TaskLayer` whose functions live in :mod:`rasterflow.tasks`, so the workers import
     neither dask.array nor xarray for them (Dask's nan-reductions did). The partial and combine levels' blocks are
@@ -206,27 +206,27 @@ def _tree_reduce(series: da.Array, program: kernels.Program, band_name: str) -> 
 
     from rasterflow import tasks
     from rasterflow.budget import TREE_SPLIT_EVERY
-    from rasterflow.graph import _bounds, _lazy_array
+    from rasterflow.graph import block_bounds, lazy_task_array
 
     method = program.reduce_method
     assert method in tasks.TREE_PARTS, f"{method} needs time whole (chunks.time: -1)"
     groups = program.groups or (tuple(range(series.shape[0])),)
-    edges = _bounds(series.chunks[0])
+    edges = block_bounds(series.chunks[0])
     local = [tuple(tuple(d - t0 for d in group if t0 <= d < t1) for group in groups) for t0, t1 in edges]
     ny, nx = series.numblocks[-2:]
     spatial = series.chunks[-2:]
     n_groups, n_parts = len(groups), tasks.TREE_PARTS[method]
     token = dask.base.tokenize(series.name, method, groups)
     prefix = f"rasterflow-tree-{method}-{band_name}"
-    level = _lazy_array(f"{prefix}-partials-{token}", (len(edges), 1, ny, nx),
+    level = lazy_task_array(f"{prefix}-partials-{token}", (len(edges), 1, ny, nx),
                         _TreePartials(series.name, method, local),
                         ((n_groups,) * len(edges), (n_parts,), *spatial), series.dtype, dependencies=[series])
     below, depth = len(edges), 0
     while below > 1:
         count = -(-below // TREE_SPLIT_EVERY)
-        level = _lazy_array(f"{prefix}-combine{depth}-{token}", (count, 1, ny, nx),
+        level = lazy_task_array(f"{prefix}-combine{depth}-{token}", (count, 1, ny, nx),
                             _TreeCombine(level.name, below, TREE_SPLIT_EVERY, method),
                             ((n_groups,) * count, (n_parts,), *spatial), series.dtype, dependencies=[level])
         below, depth = count, depth + 1
-    return _lazy_array(f"{prefix}-{token}", (1, 1, 1, ny, nx), _TreeFinish(level.name, method, n_groups),
+    return lazy_task_array(f"{prefix}-{token}", (1, 1, 1, ny, nx), _TreeFinish(level.name, method, n_groups),
                        ((n_groups,), (1,), (1,), *spatial), series.dtype, dependencies=[level])
