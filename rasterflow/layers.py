@@ -8,6 +8,7 @@ submission (``write.submit.BlockTasks``) looks up only the keys of the batch it 
 
 from __future__ import annotations
 
+import collections
 import itertools
 import weakref
 import math
@@ -34,8 +35,14 @@ _LAYERS: weakref.WeakValueDictionary[str, TaskLayer] = weakref.WeakValueDictiona
 #: Task functions whose reads can start before the task does, and how (:func:`prefetch_with`): ``(ahead, starts)``.
 _PREFETCH: dict[Callable[..., Any], tuple[Callable[..., Callable[[], None] | None], Callable[..., bool] | None]] = {}
 
-#: In a worker process: per writer's run token, what drops the reads :func:`prefetch_here` started there.
-_STARTED_HERE: dict[str, list[Callable[[], None]]] = {}
+#: In a worker process: per writer's run token, what drops the reads :func:`prefetch_here` started there (the
+#: latest :data:`KEEP_STARTED`).
+_STARTED_HERE: dict[str, collections.deque[Callable[[], None]]] = {}
+
+KEEP_STARTED = 64
+"""Reads started ahead in a worker process whose drops are kept per run: a run keeps about one chunk waiting per
+worker thread, so an older one's task has run (its drop is then a no-op) or never will here. Older drops are called
+at once, so that a long run's worker keeps neither their handles nor a stale start's bytes."""
 
 
 def prefetch_with(function: Callable[..., Any], ahead: Callable[..., Callable[[], None] | None],
@@ -72,14 +79,17 @@ def prefetch_here(token: str, calls: Sequence[tuple[Callable[..., Any], tuple[An
         except Exception:  # noqa: BLE001 - only a head start: the task plans its reads itself and meets the error
             drop = None
         if drop is not None:
-            _STARTED_HERE.setdefault(token, []).append(drop)
+            kept = _STARTED_HERE.setdefault(token, collections.deque())
+            kept.append(drop)
+            while len(kept) > KEEP_STARTED:
+                kept.popleft()()
             started += 1
     return started
 
 
 def drop_here(token: str) -> None:
     """Drop the reads :func:`prefetch_here` started in this process under ``token`` that no task took over."""
-    for drop in _STARTED_HERE.pop(token, []):
+    for drop in _STARTED_HERE.pop(token, ()):
         drop()
 
 

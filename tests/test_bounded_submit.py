@@ -752,3 +752,18 @@ def test_units_whose_reads_cannot_start_ahead_are_not_pinned_nor_held_back(clien
     assert results == {i: 10 * i for i in range(12)}
     assert all("workers" not in kwargs for kwargs in calls)
     assert max(in_flight) > 4  # the cap (8), not one unit waiting per worker thread
+
+
+def test_a_worker_keeps_the_drops_of_its_latest_started_reads_only():
+    """A long run on a long-lived worker: the drops of reads started ahead are kept for the latest KEEP_STARTED
+    units; an older one is called when it is pushed out (a no-op for a task that took its reads over), and the
+    run's end calls the rest, so the worker holds no handle per chunk of the run."""
+    from rasterflow.layers import KEEP_STARTED, _STARTED_HERE, drop_here, prefetch_here
+
+    _register_pinned()
+    token = "test-keep"
+    assert prefetch_here(token, [(_pinned_task, (chunk,)) for chunk in range(KEEP_STARTED + 10)]) == KEEP_STARTED + 10
+    assert _DROPPED == list(range(10))  # the oldest ten, pushed out in order
+    assert len(_STARTED_HERE[token]) == KEEP_STARTED
+    drop_here(token)
+    assert _DROPPED == list(range(KEEP_STARTED + 10)) and token not in _STARTED_HERE
