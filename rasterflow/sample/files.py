@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from rasterflow.atomic import atomic_path, write_text_atomic
 from rasterflow.sample.grid import (
     ASSETS,
     CRS,
@@ -170,7 +171,6 @@ def _write_cog(path: Path, data: npt.NDArray[np.uint8 | np.uint16], transform: A
                description: str) -> None:
     import rasterio
 
-    tmp = path.with_name(path.name + ".part")
     profile = {
         "driver": "COG",
         "width": data.shape[1],
@@ -188,10 +188,9 @@ def _write_cog(path: Path, data: npt.NDArray[np.uint8 | np.uint16], transform: A
         "overview_resampling": resampling,
         "resampling": resampling,
     }
-    with rasterio.open(tmp, "w", **profile) as ds:
+    with atomic_path(path, suffix=".tif") as tmp, rasterio.open(tmp, "w", **profile) as ds:
         ds.write(data, 1)
         ds.set_band_description(1, description)
-    os.replace(tmp, path)
 
 
 def _writer_threads() -> int:
@@ -199,9 +198,7 @@ def _writer_threads() -> int:
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, text, fsync=False)
 
 
 def _write_json(path: Path, obj: object, indent: int | None = None) -> None:
