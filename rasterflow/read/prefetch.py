@@ -579,8 +579,7 @@ def task_reads(reads_by_item: Sequence[Sequence[AssetRead | None]], grid: GridPl
     """Plan and run the remote reads of a task whose windows are ``windows`` (in decode order) for the reads
     ``[item][asset]`` (see :class:`TaskReads`); the reader finds it with :func:`active`. Nothing is planned (and
     None is yielded) when the job reads no remote file this path reads, or ``source.io.reader`` is ``gdal``."""
-    if active() is not None or policy.io_reader == "gdal" or not decoder_available() or not any(
-            read is not None and supported(read.href) for item in reads_by_item for read in item):
+    if active() is not None or not starts_ahead(reads_by_item, policy):
         yield None
         return
     session = _AHEAD.take(_task_key(reads_by_item, windows, policy))
