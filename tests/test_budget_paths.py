@@ -642,9 +642,9 @@ def test_remote_reads_hold_a_row_of_the_chunks_tiles_per_file():
 def test_reads_started_ahead_are_counted_once_more_per_running_task():
     """Each running task's successor has its remote reads started before it runs, within source.io.buffer: in the
     one-process layout (``read.prefetch.ahead`` from the writer), and with worker processes where the writer sends a
-    chunk's work as one task to a worker it picks (the fused path to Zarr without shards). The worker's remote-read
-    term counts a buffer more per running task there; not for the worker processes of a COG, a time-chunked (tree)
-    reduction or a sharded Zarr; nothing locally."""
+    chunk's work as one task to a worker it picks (the fused path to Zarr without shards, and to COG). The worker's
+    remote-read term counts a buffer more per running task there; not for the worker processes of a time-chunked
+    (tree) reduction or a sharded Zarr; nothing locally."""
     from rasterflow.budget.constants import REMOTE_CLIENT_BYTES
 
     shape = _shape("median")
@@ -658,9 +658,12 @@ def test_reads_started_ahead_are_counted_once_more_per_running_task():
     assert budget.remote_io_total(shape, workers, 2) == 2 * (budget.remote_io_bytes(shape, workers) + 8_000_000) \
         + REMOTE_CLIENT_BYTES
     cog = _shape("median", fmt="cog")
+    assert budget.started_ahead(cog, workers)
+    assert budget.remote_io_total(cog, workers, 2) == 2 * (budget.remote_io_bytes(cog, workers) + 8_000_000) \
+        + REMOTE_CLIENT_BYTES
     tree = dataclasses.replace(workers, chunk_time=6)
     assert budget.code_path(shape, tree) == "tree"
-    for other_shape, other in ((cog, workers), (shape, tree)):
+    for other_shape, other in ((cog, tree), (shape, tree)):
         assert not budget.started_ahead(other_shape, other)
         assert budget.remote_io_total(other_shape, other, 2) == 2 * budget.remote_io_bytes(other_shape, other) \
             + REMOTE_CLIENT_BYTES

@@ -689,6 +689,38 @@ def test_a_run_over_http_reports_requests_headers_and_waits_and_equals_the_local
     assert io["tasks"] >= 4 and io["tasks"] // 2 <= io["tasks_ahead"] <= io["tasks"]
 
 
+@pytest.mark.slow
+def test_a_cog_run_on_worker_processes_over_http_starts_each_chunks_reads_on_its_worker(sample, tmp_path):
+    """The fused path to COG (a monthly median: one file per month) on 2 worker processes over HTTP: the writer
+    sends each chunk's months as one task to a worker it picks, the chunk's reads started there first (the report
+    counts them), and every file equals the local run's bit for bit."""
+    import rasterio
+    from click.testing import CliRunner
+
+    from conftest import spec_text
+    from http_faults import http_items
+    from rasterflow.cli import cli
+
+    monthly = "{method: median, period: month}"
+    local = tmp_path / "local.yaml"
+    local.write_text(spec_text(sample, output="out/local.tif", reduce=monthly))
+    assert CliRunner().invoke(cli, ["run", str(local)]).exit_code == 0
+    with fault_server(sample.directory, latency=0.02) as server:
+        catalog = http_items(sample, server.url, tmp_path / "items.json")
+        remote = tmp_path / "remote.yaml"
+        remote.write_text(spec_text(sample, catalog=str(catalog), output="out/remote.tif", reduce=monthly))
+        result = CliRunner().invoke(cli, ["run", str(remote)])
+        assert result.exit_code == 0, result.output
+    local_files = sorted((tmp_path / "out").glob("local*.tif"))
+    assert len(local_files) >= 2  # a file per month
+    for path in local_files:
+        with rasterio.open(path) as expected, rasterio.open(str(path).replace("local", "remote")) as got:
+            np.testing.assert_array_equal(got.read(), expected.read())
+    report = json.loads((tmp_path / "out" / "remote.tif.report.json").read_text())
+    io = report["reads"]["io"]
+    assert io["tasks"] >= 4 and io["tasks"] // 2 <= io["tasks_ahead"] <= io["tasks"]
+
+
 def test_a_one_process_run_over_http_starts_queued_tasks_reads_ahead_and_equals_the_local_run(sample, tmp_path):
     """The one-process layout: the writer starts each queued chunk's reads before a thread runs it; the run's
     values are the local run's, and the report counts the tasks that found their reads started."""

@@ -95,11 +95,11 @@ def started_ahead(shape: PipelineShape, inputs: BudgetInputs) -> bool:
     """Whether queued tasks' remote reads start before a thread runs them (``read.prefetch.ahead``), where the
     concurrent reader reads: where the writer queues tasks on a worker of its own process (the one-process
     layout), and with worker processes where it sends a chunk's work as one task to a worker it picks and starts
-    the chunk's reads there first (``write.submit``: the fused path to Zarr without shards)."""
+    the chunk's reads there first (``write.submit``: the fused path to Zarr without shards, and to COG)."""
     if not inputs.remote_fetch:
         return False
-    return inputs.one_process or (shape.output_format == "zarr" and code_path(shape, inputs) == "fused"
-                                  and shards_per_side(shape, inputs) <= 1)
+    return inputs.one_process or (code_path(shape, inputs) == "fused" and (
+        shape.output_format == "cog" or (shape.output_format == "zarr" and shards_per_side(shape, inputs) <= 1)))
 
 
 def remote_io_total(shape: PipelineShape, inputs: BudgetInputs, tasks: int) -> int:

@@ -172,13 +172,17 @@ def _cube(ds: xr.Dataset, names: list[str], nlead: int) -> da.Array:
 def _stream_blocks(cube: da.Array, nlead: int, client: Client | None,
                    write: Callable[[tuple[int, ...], int, int, Any], None],
                    progress: Callable[[int, int], None] | None = None, results: da.Array | None = None,
-                   per_thread: int = COG_INFLIGHT_PER_THREAD) -> int:
+                   per_thread: int = COG_INFLIGHT_PER_THREAD, fused: bool = False) -> int:
     """Compute every block of ``cube`` and hand it to ``write(lead_index, i, j, block)``; returns blocks written.
     With ``results`` (an array of ``cube``'s blocks, e.g. :func:`_tile_tasks`) its blocks are what is handed over.
 
     Bounded (:func:`rasterflow.write.submit.run_units`): at most ``per_thread`` blocks per worker thread
     in flight, each batch's graph made from its own blocks only, each block fetched, written and released as it
     finishes.
+
+    ``fused``: the blocks come from the fused path (one task makes every leading entry of a chunk). Where worker
+    processes read remote files (:func:`rasterflow.write.submit.places_units`), each chunk's entries are then one
+    task, sent to a worker that starts the chunk's reads before it runs, as the Zarr writer does.
     """
     from rasterflow.write import submit
 
@@ -189,6 +193,12 @@ def _stream_blocks(cube: da.Array, nlead: int, client: Client | None,
     group = max(1, min(max_inflight, BATCH_BYTES // max(1, unit_bytes)))
     collection = cube if results is None else results
     name = collection.name
+    build = submit.BlockTasks([collection])
+    # a chunk's entries in one unit, so that its read-and-reduce runs once, in the task its reads were started for
+    placed = fused and client is not None and submit.places_units(
+        client, build, [(name, *lead, 0, 0, 0) for lead in lead_indices])
+    if placed:
+        group = len(lead_indices)
 
     def units() -> Iterator[list[Key]]:
         # one unit: entries of the leading dims of one spatial block (they share the block's read-and-reduce task)
@@ -200,8 +210,10 @@ def _stream_blocks(cube: da.Array, nlead: int, client: Client | None,
     def on_result(key: Key, block: Any) -> None:
         write(tuple(key[1:1 + nlead]), key[-2], key[-1], np.asarray(block) if results is None else block)
 
-    return submit.run_units(units(), submit.BlockTasks([collection]), total=len(lead_indices) * ny * nx,
-                            client=client, max_in_flight=max_inflight, on_result=on_result, progress=progress)
+    return submit.run_units(units(), build, total=len(lead_indices) * ny * nx, client=client,
+                            max_in_flight=max_inflight, on_result=on_result, progress=progress,
+                            min_units=submit.cluster_threads(client) + submit.QUEUED_UNITS if placed else None,
+                            one_task_per_unit=placed)
 
 
 def _tile_tasks(cube: da.Array, layout: cogtiles.TileLayout) -> da.Array:
@@ -259,6 +271,8 @@ class _CogJob:
     cog_options: dict[str, Any]
     metadata: Mapping[str, Any] | None
     file_metadata: Mapping[str, Mapping[str, Any]] | None
+    fused: bool = False
+    """The blocks come from the fused path (see :func:`_stream_blocks`)."""
 
     @property
     def paths(self) -> list[str]:
@@ -409,7 +423,7 @@ class StreamedCog(_CogWriter):
             window = Window(int(col_offsets[j]), int(row_offsets[i]), block.shape[-1], block.shape[-2])
             dst.write(block, window=window)
 
-        written = _stream_blocks(cube, len(job.lead), job.client, write, job.progress)
+        written = _stream_blocks(cube, len(job.lead), job.client, write, job.progress, fused=job.fused)
         self._close_streams()
         # NUM_THREADS parallelizes the tiles' compression; GDAL_NUM_THREADS also the overviews' computation,
         # which is otherwise one thread (same bytes, ~1 s of 10.5 faster on the season's 10980² output)
@@ -476,7 +490,8 @@ class WorkerTiledCog(_CogWriter):
                 self.assemblies[self.index_of[tuple(lead_index)]].add(result)
 
             written = _stream_blocks(job.cube, len(job.lead), job.client, write, job.progress,
-                                     results=_tile_tasks(job.cube, layout), per_thread=TILES_INFLIGHT_PER_THREAD)
+                                     results=_tile_tasks(job.cube, layout), per_thread=TILES_INFLIGHT_PER_THREAD,
+                                     fused=job.fused)
         finally:
             thread.join()
         if failures:
@@ -524,6 +539,7 @@ def write_cog(
     predictor: str = "auto",
     metadata: Mapping[str, Any] | None = None,
     file_metadata: Mapping[str, Mapping[str, Any]] | None = None,
+    fused: bool = False,
 ) -> WriteResult:
     """Write a lazy Dataset as Cloud-Optimized GeoTIFF(s), streaming block by block.
 
@@ -554,6 +570,9 @@ def write_cog(
         Dataset tags of every file (values are written as text).
     file_metadata : mapping, optional
         Per output file path: extra tags of that file (e.g. its period's time range).
+    fused : bool
+        The blocks come from the fused path (one task makes every variable and leading entry of a chunk): on worker
+        processes reading remote files, each chunk is then one task whose reads start on its worker before it runs.
 
     Raises
     ------
@@ -564,7 +583,7 @@ def write_cog(
     """
     job = _check(ds, str(path), overwrite=overwrite, compression=compression, gdal_cachemax=gdal_cachemax,
                  client=client, blocksize=blocksize, resampling=resampling, progress=progress, encoding=encoding,
-                 predictor=predictor, metadata=metadata, file_metadata=file_metadata)
+                 predictor=predictor, metadata=metadata, file_metadata=file_metadata, fused=fused)
     layout = None
     if cogtiles.assembly_enabled():
         cube = job.cube
@@ -580,7 +599,7 @@ def write_cog(
 def _check(ds: xr.Dataset, path: str, *, overwrite: bool, compression: str, gdal_cachemax: int,
            client: Client | None, blocksize: int, resampling: str, progress: Callable[[int, int], None] | None,
            encoding: Encoding | None, predictor: str, metadata: Mapping[str, Any] | None,
-           file_metadata: Mapping[str, Mapping[str, Any]] | None) -> _CogJob:
+           file_metadata: Mapping[str, Mapping[str, Any]] | None, fused: bool = False) -> _CogJob:
     """:func:`write_cog`'s arguments checked, and what follows from them (the cube, the stored encoding, the stream
     files' profile, the COG driver's options)."""
     entries = cog_entries(path, ds)
@@ -634,4 +653,4 @@ def _check(ds: xr.Dataset, path: str, *, overwrite: bool, compression: str, gdal
     return _CogJob(ds=ds, path=path, entries=entries, lead=lead, names=names, cube=cube, stored=stored, codec=codec,
                    needs_encoding=needs_encoding, client=client, overwrite=overwrite,
                    gdal_cachemax=gdal_cachemax, progress=progress, profile=profile, cog_options=cog_options,
-                   metadata=metadata, file_metadata=file_metadata)
+                   metadata=metadata, file_metadata=file_metadata, fused=fused)

@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import dask.array as da
     from distributed import Client, Future
 
-__all__ = ["BlockTasks", "Batch", "evaluate", "run_calls", "run_units", "in_flight_cap", "default_client", "cluster_threads", "settled", "IN_FLIGHT_PER_THREAD", "QUEUED_UNITS"]
+__all__ = ["BlockTasks", "Batch", "evaluate", "run_calls", "run_units", "in_flight_cap", "default_client", "cluster_threads", "settled", "IN_FLIGHT_PER_THREAD", "QUEUED_UNITS", "places_units"]
 
 #: Default cap on blocks in flight, per worker thread of the cluster: enough that no thread waits for the next
 #: submission (a batch is submitted when half the cap has finished), small enough that the scheduler holds O(threads).
@@ -589,6 +589,16 @@ class _Placement:
                 pass
 
 
+def places_units(client: Client, build: Callable[[Sequence[Key]], Batch], first: Sequence[Key]) -> bool:
+    """Whether :func:`run_units` with ``one_task_per_unit`` sends each unit to a worker it picks, the unit's reads
+    started there first: ``client``'s workers are processes of their own (in this process the writer starts the
+    reads itself) and the first unit's reads can start ahead (remote files the concurrent reader reads)."""
+    workers = client.scheduler_info().get("workers") or {}
+    if not workers or all(str(address).startswith("inproc://") for address in workers):
+        return False
+    return bool(build(first).prefetchable())
+
+
 def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], client: Client, cap: int,
                      on_result: Callable[[Key, Any], None] | None, count: _Counter,
                      one_task_per_unit: bool = False) -> None:
@@ -607,8 +617,8 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
     drops: dict[int, list[Callable[[], None]]] = {}  # unit in flight -> what drops its reads started ahead
     # worker processes: a unit sent as one task goes to a worker the writer picks, its reads started there first
     # (only when the chunks' reads can start ahead: remote files the concurrent reader reads; asked of the first)
-    placement = _Placement(client, feed) if not ahead and one_task_per_unit and bool(workers) \
-        and feed.head is not None and bool(build(feed.head).prefetchable()) else None
+    placement = _Placement(client, feed) if one_task_per_unit and feed.head is not None \
+        and places_units(client, build, feed.head) else None
 
     def blocks_in_flight() -> int:
         return feed.blocks(key for keys in in_flight.values() for key in keys)

@@ -132,7 +132,7 @@ class CogOutput(_Single):
 
         return write_cog(dataset, self.path, overwrite=replace, compression=self.plan.output.compression,
                          gdal_cachemax=self.plan.writer_cachemax, client=client, progress=progress,
-                         **context.options)
+                         fused=self.plan.code_path == "fused", **context.options)
 
     def what_is_left(self, job_id: str, counts: Sequence[int]) -> str:
         done, total = counts
