@@ -97,7 +97,8 @@ class Answer:
     """The bytes of one range and the size of the whole file (from ``Content-Range``; None when not said); with
     ``pieces`` asked for, ``parts`` holds each piece's bytes and ``data`` is empty."""
 
-    data: bytes
+    data: bytes | memoryview
+    """A header's bytes, or the range's bytes (for an object store a view of its client's buffer)."""
     size: int | None
     parts: tuple[bytes, ...] = ()
 
@@ -187,7 +188,8 @@ class RangeClient:
 
         ``pieces`` (``(offset in the range, length)`` each, in order, not overlapping; one range only): the answer
         holds each piece's bytes apart (:attr:`Answer.parts`), read from the body as it arrives, the bytes between
-        them read and dropped: the tiles of one request without a copy of the whole body."""
+        them read and dropped: the tiles of one request without a copy of the whole body. An object store's answer
+        (obstore) is the whole range in its client's buffer instead (:attr:`Answer.data`, a view): no copy at all."""
         if pieces is not None and len(ranges) != 1:
             raise ValueError("pieces are for a submission of one range")
         future: concurrent.futures.Future[list[Answer]] = concurrent.futures.Future()
@@ -321,7 +323,8 @@ class RangeClient:
             received = 0
             try:
                 if url.lower().startswith(("s3://", "az://", "abfs://", "gs://")):
-                    answer = _in_pieces(await self._object_store(href, url, start, length, policy, header), pieces)
+                    # the whole range in obstore's own buffer, not copied into pieces: the tiles are views of it
+                    answer = await self._object_store(href, url, start, length, policy, header)
                 else:
                     answer = await self._http(href, url, start, length, policy, header, pieces)
                 received = length if answer.parts else len(answer.data)
@@ -399,7 +402,9 @@ class RangeClient:
             store = self._azure_store(container, account, policy)
         try:
             result = await obstore.get_async(store, key, options={"range": (start, start + length)})
-            data = bytes(await result.bytes_async())
+            body = await result.bytes_async()
+            # a header is parsed as bytes; tiles are decoded from a view of obstore's buffer (no copy of the range)
+            data: bytes | memoryview = bytes(body) if header else memoryview(body)
             size = int(result.meta["size"])
         except Exception as err:  # obstore's errors: NotFoundError, PermissionDeniedError, GenericError...
             raise _object_store_failure(href, err, policy) from None
