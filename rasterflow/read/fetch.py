@@ -188,8 +188,8 @@ class RangeClient:
 
         ``pieces`` (``(offset in the range, length)`` each, in order, not overlapping; one range only): the answer
         holds each piece's bytes apart (:attr:`Answer.parts`), read from the body as it arrives, the bytes between
-        them read and dropped: the tiles of one request without a copy of the whole body. An object store's answer
-        (obstore) is the whole range in its client's buffer instead (:attr:`Answer.data`, a view): no copy at all."""
+        them read and dropped: the tiles of one request without a copy of the whole body (from an object store,
+        each copied once out of obstore's buffer)."""
         if pieces is not None and len(ranges) != 1:
             raise ValueError("pieces are for a submission of one range")
         future: concurrent.futures.Future[list[Answer]] = concurrent.futures.Future()
@@ -323,8 +323,9 @@ class RangeClient:
             received = 0
             try:
                 if url.lower().startswith(("s3://", "az://", "abfs://", "gs://")):
-                    # the whole range in obstore's own buffer, not copied into pieces: the tiles are views of it
-                    answer = await self._object_store(href, url, start, length, policy, header)
+                    # several tiles: each copied out of obstore's buffer once, so that each goes after its last
+                    # window (views would hold the whole range until the last of them)
+                    answer = _in_pieces(await self._object_store(href, url, start, length, policy, header), pieces)
                 else:
                     answer = await self._http(href, url, start, length, policy, header, pieces)
                 received = length if answer.parts else len(answer.data)
@@ -403,7 +404,8 @@ class RangeClient:
         try:
             result = await obstore.get_async(store, key, options={"range": (start, start + length)})
             body = await result.bytes_async()
-            # a header is parsed as bytes; tiles are decoded from a view of obstore's buffer (no copy of the range)
+            # a header is parsed as bytes; tiles are decoded from (or copied out of) a view of obstore's buffer,
+            # not from a copy of the whole range
             data: bytes | memoryview = bytes(body) if header else memoryview(body)
             size = int(result.meta["size"])
         except Exception as err:  # obstore's errors: NotFoundError, PermissionDeniedError, GenericError...
