@@ -9,8 +9,10 @@ needs (:meth:`RangeClient.submit`) and go on decoding what has arrived while the
 Transports, each a well-kept library made for this:
 
 * ``http(s)://``: aiohttp (keep-alive connections; signed URLs with their query string as they are: obstore's
-  ``HTTPStore`` escapes the ``?``). obstore's ``HTTPStore`` for plain URLs was measured against it on the season
-  benchmark at 40 ms: no faster end to end (19.8 vs 19.3 s, two runs each), 30 MB more per worker process;
+  ``HTTPStore`` escapes the ``?``). obstore's ``HTTPStore`` for plain URLs takes ~25% less CPU per GB
+  (``benchmarks/fetch_cpu.py``) but was no faster end to end on the season benchmark at 40 ms, three times
+  (2026-12-05: 19.8 vs 19.3 s; again after the requests were halved; 2026-12-07, the tiles as views of its buffer:
+  12.9-14.0 vs 12.8-14.3 s and 70-90 MB more peak), so aiohttp stays;
 * ``s3://``: obstore's ``S3Store`` (signing, credentials, custom endpoints, requester pays, anonymous access), set up
   from the same environment variables GDAL and boto read (:func:`s3_config`);
 * ``az://container/key`` and ``abfs://container[@account.dfs.core.windows.net]/key``: obstore's ``AzureStore``,
