@@ -649,12 +649,9 @@ def test_failures_name_item_asset_href_and_tries(files, fault, message, status, 
     collect("fails")
 
 
-@pytest.mark.slow
-def test_a_run_over_http_reports_requests_headers_and_waits_and_equals_the_local_run(sample, tmp_path):
-    """A whole run (2 worker processes) over HTTP with latency: bit for bit the local run; the report's reads.io
-    counts the requests, the header reads (one per file and worker process at most), the in-flight peak and the
-    tasks whose reads the writer started on their worker before sending them."""
-    import xarray as xr
+def _local_then_remote(sample, tmp_path, output: str, io: str | None = None, **spec):
+    """Run the spec on the local files (``out/local.<ext>``), then over HTTP at 20 ms a request
+    (``out/remote.<ext>``, with ``source.io: io``) -> the server, stopped, with its counts."""
     from click.testing import CliRunner
 
     from conftest import spec_text
@@ -662,18 +659,29 @@ def test_a_run_over_http_reports_requests_headers_and_waits_and_equals_the_local
     from rasterflow.cli import cli
 
     local = tmp_path / "local.yaml"
-    median = "{method: median}"  # the fused path: the writer sends each chunk to a worker it picks
-    local.write_text(spec_text(sample, output="out/local.zarr", reduce=median))
+    local.write_text(spec_text(sample, output=f"out/local.{output}", **spec))
     assert CliRunner().invoke(cli, ["run", str(local)]).exit_code == 0
     with fault_server(sample.directory, latency=0.02) as server:
         catalog = http_items(sample, server.url, tmp_path / "items.json")
+        text = spec_text(sample, catalog=str(catalog), output=f"out/remote.{output}", **spec)
         remote = tmp_path / "remote.yaml"
-        remote.write_text(spec_text(sample, catalog=str(catalog), output="out/remote.zarr", reduce=median)
-                          .replace("  assets:", "  io: {concurrency: 8}\n  assets:", 1))
+        remote.write_text(text if io is None else text.replace("  assets:", f"  io: {io}\n  assets:", 1))
         result = CliRunner().invoke(cli, ["run", str(remote)])
         assert result.exit_code == 0, result.output
-        answered = server.count()
-        peak = server.in_flight_peak
+    return server
+
+
+@pytest.mark.slow
+def test_a_run_over_http_reports_requests_headers_and_waits_and_equals_the_local_run(sample, tmp_path):
+    """A whole run (2 worker processes) over HTTP with latency: bit for bit the local run; the report's reads.io
+    counts the requests, the header reads (one per file and worker process at most), the in-flight peak and the
+    tasks whose reads the writer started on their worker before sending them."""
+    import xarray as xr
+
+    # the fused path: the writer sends each chunk to a worker it picks
+    server = _local_then_remote(sample, tmp_path, "zarr", io="{concurrency: 8}", reduce="{method: median}")
+    answered = server.count()
+    peak = server.in_flight_peak
     expected = xr.open_zarr(tmp_path / "out" / "local.zarr")["ndvi"].values
     np.testing.assert_array_equal(xr.open_zarr(tmp_path / "out" / "remote.zarr")["ndvi"].values, expected)
     report = json.loads((tmp_path / "out" / "remote.zarr.report.json").read_text())
@@ -695,22 +703,8 @@ def test_a_cog_run_on_worker_processes_over_http_starts_each_chunks_reads_on_its
     sends each chunk's months as one task to a worker it picks, the chunk's reads started there first (the report
     counts them), and every file equals the local run's bit for bit."""
     import rasterio
-    from click.testing import CliRunner
 
-    from conftest import spec_text
-    from http_faults import http_items
-    from rasterflow.cli import cli
-
-    monthly = "{method: median, period: month}"
-    local = tmp_path / "local.yaml"
-    local.write_text(spec_text(sample, output="out/local.tif", reduce=monthly))
-    assert CliRunner().invoke(cli, ["run", str(local)]).exit_code == 0
-    with fault_server(sample.directory, latency=0.02) as server:
-        catalog = http_items(sample, server.url, tmp_path / "items.json")
-        remote = tmp_path / "remote.yaml"
-        remote.write_text(spec_text(sample, catalog=str(catalog), output="out/remote.tif", reduce=monthly))
-        result = CliRunner().invoke(cli, ["run", str(remote)])
-        assert result.exit_code == 0, result.output
+    _local_then_remote(sample, tmp_path, "tif", reduce="{method: median, period: month}")
     local_files = sorted((tmp_path / "out").glob("local*.tif"))
     assert len(local_files) >= 2  # a file per month
     for path in local_files:
@@ -725,22 +719,8 @@ def test_a_one_process_run_over_http_starts_queued_tasks_reads_ahead_and_equals_
     """The one-process layout: the writer starts each queued chunk's reads before a thread runs it; the run's
     values are the local run's, and the report counts the tasks that found their reads started."""
     import xarray as xr
-    from click.testing import CliRunner
 
-    from conftest import spec_text
-    from http_faults import http_items
-    from rasterflow.cli import cli
-
-    one = "{n_workers: 1, threads_per_worker: 2, processes: false}"
-    local = tmp_path / "local.yaml"
-    local.write_text(spec_text(sample, output="out/local.zarr", cluster=one))
-    assert CliRunner().invoke(cli, ["run", str(local)]).exit_code == 0
-    with fault_server(sample.directory, latency=0.02) as server:
-        catalog = http_items(sample, server.url, tmp_path / "items.json")
-        remote = tmp_path / "remote.yaml"
-        remote.write_text(spec_text(sample, catalog=str(catalog), output="out/remote.zarr", cluster=one))
-        result = CliRunner().invoke(cli, ["run", str(remote)])
-        assert result.exit_code == 0, result.output
+    _local_then_remote(sample, tmp_path, "zarr", cluster="{n_workers: 1, threads_per_worker: 2, processes: false}")
     expected = xr.open_zarr(tmp_path / "out" / "local.zarr")["ndvi"].values
     np.testing.assert_array_equal(xr.open_zarr(tmp_path / "out" / "remote.zarr")["ndvi"].values, expected)
     reads = json.loads((tmp_path / "out" / "remote.zarr.report.json").read_text())["reads"]
