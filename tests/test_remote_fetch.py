@@ -688,8 +688,9 @@ def test_a_run_over_http_reports_requests_headers_and_waits_and_equals_the_local
     io = report["reads"]["io"]
     files = report["reads"]["files"]
     assert files <= io["header_reads"] <= 2 * files  # once per file and worker process
-    # every request the server answered was counted by the workers, but for plan's header probe in the client
-    assert answered - 3 <= io["requests"] <= answered
+    # every request the server answered was counted by the workers, but for plan's probes in the client: the first
+    # file's header and a timed request, then the first item's file of each of the 3 loaded assets
+    assert answered - 5 <= io["requests"] <= answered
     assert 1 <= io["in_flight_peak"] <= 8 and peak <= 2 * 8  # per process: two worker processes
     assert io["bytes"] > 0 and io["wait_seconds"] >= 0
     assert report["reads"]["policy"]["io"]["concurrency"] == 8
@@ -728,6 +729,39 @@ def test_a_one_process_run_over_http_starts_queued_tasks_reads_ahead_and_equals_
     assert io["tasks"] >= 4
     assert io["tasks"] // 2 <= io["tasks_ahead"] <= io["tasks"]  # all but the first few
     assert reads["policy"]["io"]["buffer"] == 16 * 1024 * 1024  # buffer: auto at a ~20 ms round trip
+
+
+def test_plan_takes_the_compressed_bytes_per_pixel_of_every_loaded_asset(sample, tmp_path):
+    """``plan``'s remote bytes and the budget's held tiles multiply by the compressed bytes per pixel of the first
+    item's file of every asset the job loads (a mask band of few classes compresses far better than reflectances),
+    not of the first asset's alone: the value equals the files' own tile bytes over their pixels (tifffile)."""
+    import tifffile
+
+    from conftest import spec_text
+    from http_faults import http_items
+    from rasterflow.commands import plan_with_items, resolve_layout, search
+    from rasterflow.spec import load_spec
+
+    def packed(paths: list[Path]) -> float:
+        nbytes = pixels = 0
+        for path in paths:
+            with tifffile.TiffFile(path) as tif:
+                page = tif.pages[0]
+                nbytes += sum(int(n) for n in page.databytecounts)
+                pixels += page.imagelength * page.imagewidth
+        return nbytes / pixels
+
+    first = json.loads(Path(sample.items_json).read_text())["features"][0]["assets"]
+    loaded_assets = [Path(first[key]["href"]) for key in ("red", "nir", "scl")]  # green is not used by the job
+    assert packed(loaded_assets[-1:]) < 0.8 * packed(loaded_assets[:1])  # the classes compress better
+    with fault_server(sample.directory) as server:
+        catalog = http_items(sample, server.url, tmp_path / "items.json")
+        spec = tmp_path / "bpp.yaml"
+        spec.write_text(spec_text(sample, catalog=str(catalog), output="out/bpp.zarr"))
+        loaded = load_spec(spec)
+        plan = plan_with_items(loaded, search(loaded), resolve_layout(loaded.spec))
+    assert plan.report.inputs.remote_fetch
+    assert plan.report.inputs.source_bytes_per_pixel == pytest.approx(packed(loaded_assets), rel=1e-9)
 
 
 @pytest.mark.slow

@@ -54,6 +54,9 @@ def plan_with_items(loaded: LoadedSpec, items: list[dict[str, Any]], layout: Wor
         remote = remote_probe(items[0], keys[0], quick, spec.source.io.reader)
         if remote is not None:
             header, probed = remote
+            if len(keys) > 1:  # the bytes per pixel of every asset's first file, not of the first asset's alone
+                probed = replace(probed, bytes_per_pixel=assets_bytes_per_pixel(items[0], keys, quick)
+                                 or probed.bytes_per_pixel)
         else:
             advice = header_reader(quick)
             header = headers[keys[0]] if keys[0] in headers else source_header(items[:1], keys[0], advice)
@@ -99,6 +102,20 @@ def remote_probe(item: dict[str, Any], key: str, policy: ReadPolicy,
                         tile_shape=facts.tile_shape, compression=facts.codec)
     return header, RemoteProbe(round_trip=seconds, bytes_per_pixel=facts.compressed_bytes_per_pixel,
                                decodable=parsed.index is not None)
+
+
+def assets_bytes_per_pixel(item: dict[str, Any], keys: Sequence[str], policy: ReadPolicy) -> float | None:
+    """The compressed bytes per pixel of ``item``'s files of ``keys`` together, their headers read at once through
+    the concurrent reader (what the remote cost and the budget's held tiles multiply by); None when none answered."""
+    from rasterflow.read.fetch import supported
+    from rasterflow.read.prefetch import compressed_bytes_per_pixel
+    from rasterflow.sources import AssetRead
+
+    hrefs = [str(((item.get("assets") or {}).get(key) or {}).get("href") or "") for key in keys]
+    reads = [AssetRead(item_id=str(item.get("id")), name=key, key=key, href=href, data_type=None, nodata=None,
+                       scale=1.0, offset=0.0, crs=None, transform=None, shape=None, band_count=None, footprint=None,
+                       direct=False) for key, href in zip(keys, hrefs) if href and supported(href)]
+    return compressed_bytes_per_pixel(reads, policy) if reads else None
 
 
 def search(loaded: LoadedSpec, now: dt.datetime | None = None) -> list[dict[str, Any]]:

@@ -165,6 +165,25 @@ def probe(read: AssetRead, policy: ReadPolicy) -> tuple[RemoteTiff | None, float
     return (header if isinstance(header, RemoteTiff) else None), seconds
 
 
+def compressed_bytes_per_pixel(reads: Sequence[AssetRead], policy: ReadPolicy) -> float | None:
+    """The compressed tile bytes per pixel of ``reads``' files taken together (their headers fetched at once, as
+    :func:`probe` does: nothing cached or counted for the run), e.g. one file of each asset a job loads: a mask band
+    of few classes compresses far better than a reflectance band. None when no header could be read."""
+    probe_policy = replace(policy, run_id=f"probe-{policy.run_id}")
+    parsed = headers(reads, probe_policy)
+    packed = pixels = 0.0
+    for header in parsed.values():
+        facts = header.facts if isinstance(header, RemoteTiff) else None
+        if facts is not None and facts.compressed_bytes_per_pixel is not None:
+            packed += facts.compressed_bytes_per_pixel * facts.height * facts.width
+            pixels += facts.height * facts.width
+    with _HEADERS_LOCK:
+        for read in reads:
+            _HEADERS.pop((probe_policy.run_id, read.href), None)
+    collect(probe_policy.run_id)
+    return packed / pixels if pixels else None
+
+
 def _counting(policy: ReadPolicy, href: str) -> Callable[[], None]:
     return lambda: record_retry(policy, href)
 
