@@ -716,6 +716,23 @@ def test_a_cog_run_on_worker_processes_over_http_starts_each_chunks_reads_on_its
     assert io["tasks"] >= 4 and io["tasks"] // 2 <= io["tasks_ahead"] <= io["tasks"]
 
 
+@pytest.mark.slow
+def test_a_cog_chunk_with_more_entries_than_a_batch_keeps_a_task_per_entry(sample, tmp_path):
+    """Monthly quantiles (3 months x 3 quantiles: 9 entries a chunk, over the 4 blocks a batch takes on 2 threads)
+    to COG on worker processes over HTTP: the chunk is not made one task (its entries would all come back to the
+    writer at once), so no chunk is placed and its tasks start their own reads; the files equal the local run's."""
+    import rasterio
+
+    _local_then_remote(sample, tmp_path, "tif", reduce="{method: quantile, q: [0.1, 0.5, 0.9], period: month}")
+    local_files = sorted((tmp_path / "out").glob("local*.tif"))
+    assert len(local_files) >= 6
+    for path in local_files:
+        with rasterio.open(path) as expected, rasterio.open(str(path).replace("local", "remote")) as got:
+            np.testing.assert_array_equal(got.read(), expected.read())
+    io = json.loads((tmp_path / "out" / "remote.tif.report.json").read_text())["reads"]["io"]
+    assert io["tasks"] >= 4 and io.get("tasks_ahead", 0) == 0
+
+
 def test_a_one_process_run_over_http_starts_queued_tasks_reads_ahead_and_equals_the_local_run(sample, tmp_path):
     """The one-process layout: the writer starts each queued chunk's reads before a thread runs it; the run's
     values are the local run's, and the report counts the tasks that found their reads started."""

@@ -95,7 +95,9 @@ def started_ahead(shape: PipelineShape, inputs: BudgetInputs) -> bool:
     """Whether queued tasks' remote reads start before a thread runs them (``read.prefetch.ahead``), where the
     concurrent reader reads: where the writer queues tasks on a worker of its own process (the one-process
     layout), and with worker processes where it sends a chunk's work as one task to a worker it picks and starts
-    the chunk's reads there first (``write.submit``: the fused path to Zarr without shards, and to COG)."""
+    the chunk's reads there first (``write.submit``: the fused path to Zarr without shards, and to COG; for a COG
+    whose chunk has more entries than one batch takes, the writer keeps a task per entry and the buffer counted here
+    is not used: the projection errs high)."""
     if not inputs.remote_fetch:
         return False
     return inputs.one_process or (code_path(shape, inputs) == "fused" and (

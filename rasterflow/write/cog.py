@@ -181,8 +181,9 @@ def _stream_blocks(cube: da.Array, nlead: int, client: Client | None,
     finishes.
 
     ``fused``: the blocks come from the fused path (one task makes every leading entry of a chunk). Where worker
-    processes read remote files (:func:`rasterflow.write.submit.places_units`), each chunk's entries are then one
-    task, sent to a worker that starts the chunk's reads before it runs, as the Zarr writer does.
+    processes read remote files (:func:`rasterflow.write.submit.places_units`) and a chunk's entries make one unit
+    (no more than the batch's bytes and the cap allow), each chunk is then one task, sent to a worker that starts
+    the chunk's reads before it runs, as the Zarr writer does; more entries keep a task each.
     """
     from rasterflow.write import submit
 
@@ -194,11 +195,10 @@ def _stream_blocks(cube: da.Array, nlead: int, client: Client | None,
     collection = cube if results is None else results
     name = collection.name
     build = submit.BlockTasks([collection])
-    # a chunk's entries in one unit, so that its read-and-reduce runs once, in the task its reads were started for
-    placed = fused and client is not None and submit.places_units(
+    # where a chunk's entries are one unit already (within the batch's bytes and the cap), its read-and-reduce and
+    # its entries run as one task, on the worker its reads were started on
+    placed = fused and client is not None and len(lead_indices) <= group and submit.places_units(
         client, build, [(name, *lead, 0, 0, 0) for lead in lead_indices])
-    if placed:
-        group = len(lead_indices)
 
     def units() -> Iterator[list[Key]]:
         # one unit: entries of the leading dims of one spatial block (they share the block's read-and-reduce task)
