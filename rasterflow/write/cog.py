@@ -572,7 +572,8 @@ def write_cog(
         Per output file path: extra tags of that file (e.g. its period's time range).
     fused : bool
         The blocks come from the fused path (one task makes every variable and leading entry of a chunk): on worker
-        processes reading remote files, each chunk is then one task whose reads start on its worker before it runs.
+        processes reading remote files, each chunk whose entries fit one batch of the writer is then one task whose
+        reads start on its worker before it runs.
 
     Raises
     ------
