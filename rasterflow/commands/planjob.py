@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rasterflow.planning import RemoteProbe
     from rasterflow.read.policy import ReadPolicy
     from rasterflow.sizing import WorkerLayout
-    from rasterflow.sources import FileHeader
+    from rasterflow.sources import AssetRead, FileHeader
     from rasterflow.spec import LoadedSpec, Spec
 
 
@@ -76,29 +76,38 @@ def _located(loaded: LoadedSpec, plan: JobPlan) -> JobPlan:
                    spec_sha256=loaded.sha256)
 
 
+def _probe_read(item: dict[str, Any], key: str) -> AssetRead | None:
+    """``item``'s file of asset ``key`` as a read of the concurrent reader, for a header probe; None when there is no
+    such file or the concurrent reader does not read it (local, or left to GDAL)."""
+    from rasterflow.read.fetch import supported
+    from rasterflow.sources import AssetRead
+
+    href = str(((item.get("assets") or {}).get(key) or {}).get("href") or "")
+    if not href or not supported(href):
+        return None
+    return AssetRead(item_id=str(item.get("id")), name=key, key=key, href=href, data_type=None, nodata=None,
+                     scale=1.0, offset=0.0, crs=None, transform=None, shape=None, band_count=None, footprint=None,
+                     direct=False)
+
+
 def remote_probe(item: dict[str, Any], key: str, policy: ReadPolicy,
                  reader: str) -> tuple[FileHeader, RemoteProbe] | None:
     """For a remote first file the concurrent reader reads (http(s), s3): its header through that reader, timed
     -> ``(FileHeader, RemoteProbe)``; None when the file is local, left to GDAL or did not answer (then GDAL's
     header read gives the advice, and nothing is said of the network)."""
     from rasterflow.planning import RemoteProbe
-    from rasterflow.sources import AssetRead, FileHeader
+    from rasterflow.sources import FileHeader
 
-    href = str(((item.get("assets") or {}).get(key) or {}).get("href") or "")
-    from rasterflow.read.fetch import supported
-
-    if reader == "gdal" or not supported(href):
+    read = _probe_read(item, key)
+    if reader == "gdal" or read is None:
         return None
     from rasterflow.read.prefetch import probe
 
-    read = AssetRead(item_id=str(item.get("id")), name=key, key=key, href=href, data_type=None, nodata=None,
-                     scale=1.0, offset=0.0, crs=None, transform=None, shape=None, band_count=None, footprint=None,
-                     direct=False)
     parsed, seconds = probe(read, policy)
     if parsed is None or parsed.facts is None:
         return None
     facts = parsed.facts
-    header = FileHeader(href=href, data_type=facts.dtype, nodata=facts.nodata, band_count=facts.count,
+    header = FileHeader(href=read.href, data_type=facts.dtype, nodata=facts.nodata, band_count=facts.count,
                         tile_shape=facts.tile_shape, compression=facts.codec)
     return header, RemoteProbe(round_trip=seconds, bytes_per_pixel=facts.compressed_bytes_per_pixel,
                                decodable=parsed.index is not None)
@@ -107,14 +116,9 @@ def remote_probe(item: dict[str, Any], key: str, policy: ReadPolicy,
 def assets_bytes_per_pixel(item: dict[str, Any], keys: Sequence[str], policy: ReadPolicy) -> float | None:
     """The compressed bytes per pixel of ``item``'s files of ``keys`` together, their headers read at once through
     the concurrent reader (what the remote cost and the budget's held tiles multiply by); None when none answered."""
-    from rasterflow.read.fetch import supported
     from rasterflow.read.prefetch import compressed_bytes_per_pixel
-    from rasterflow.sources import AssetRead
 
-    hrefs = [str(((item.get("assets") or {}).get(key) or {}).get("href") or "") for key in keys]
-    reads = [AssetRead(item_id=str(item.get("id")), name=key, key=key, href=href, data_type=None, nodata=None,
-                       scale=1.0, offset=0.0, crs=None, transform=None, shape=None, band_count=None, footprint=None,
-                       direct=False) for key, href in zip(keys, hrefs) if href and supported(href)]
+    reads = [read for read in (_probe_read(item, key) for key in keys) if read is not None]
     return compressed_bytes_per_pixel(reads, policy) if reads else None
 
 

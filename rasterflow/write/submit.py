@@ -27,7 +27,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rasterflow.layers import Task, drop_here, layer_named, prefetch, prefetch_here, starts_reads
@@ -594,9 +594,14 @@ def places_units(client: Client, build: Callable[[Sequence[Key]], Batch], first:
     started there first: ``client``'s workers are processes of their own (in this process the writer starts the
     reads itself) and the first unit's reads can start ahead (remote files the concurrent reader reads)."""
     workers = client.scheduler_info().get("workers") or {}
-    if not workers or all(str(address).startswith("inproc://") for address in workers):
+    if not workers or _in_this_process(workers):
         return False
     return bool(build(first).prefetchable())
+
+
+def _in_this_process(workers: Mapping[str, object]) -> bool:
+    """Whether every one of these workers (addresses) runs in this process (the one-process layout)."""
+    return all(str(address).startswith("inproc://") for address in workers)
 
 
 def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], client: Client, cap: int,
@@ -613,7 +618,7 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
     numbers = iter(range(1 << 62))
     # workers in this process (the one-process layout) run what this process starts ahead
     workers = client.scheduler_info().get("workers") or {}
-    ahead = bool(workers) and all(str(address).startswith("inproc://") for address in workers)
+    ahead = bool(workers) and _in_this_process(workers)
     drops: dict[int, list[Callable[[], None]]] = {}  # unit in flight -> what drops its reads started ahead
     # worker processes: a unit sent as one task goes to a worker the writer picks, its reads started there first
     # (only when the chunks' reads can start ahead: remote files the concurrent reader reads; asked of the first)
