@@ -62,11 +62,13 @@ def sample(size: int, n_dates: int = N_DATES):
     return catalog
 
 
-def write_spec(catalog, output: Path, *, name: str = "bench", processes: str | None = None) -> Path:
+def write_spec(catalog, output: Path, *, name: str = "bench", processes: str | None = None,
+               method: str = "median", time_chunk: int = -1) -> Path:
     """The rasterflow spec of the job over ``catalog``; every item, the whole tile, written to ``output``.
 
     ``processes``: the spec's ``cluster.processes`` (``"true"``, ``"false"``, ``"auto"``); None leaves it out (then
-    ``n_workers: 2`` means two worker processes)."""
+    ``n_workers: 2`` means two worker processes). ``method`` and ``time_chunk`` (``chunks.time``; a median needs
+    time whole, a mean with time in chunks runs the tree path)."""
     cluster = "n_workers: 2, threads_per_worker: 1"
     if processes is not None:
         cluster += f", processes: {processes}"
@@ -87,11 +89,11 @@ grid:
   resolution: 10
   bounds: [{minx}, {miny}, {maxx}, {maxy}]
   dtype: float32
-chunks: {{time: -1, y: {CHUNK}, x: {CHUNK}}}
+chunks: {{time: {time_chunk}, y: {CHUNK}, x: {CHUNK}}}
 mask: "scl in {DROP_CLASSES}"
 bands:
   ndvi: "(nir - red) / (nir + red)"
-reduce: {{over: time, method: median}}
+reduce: {{over: time, method: {method}}}
 output: {{path: {output}, overwrite: true}}
 cluster: {{{cluster}}}
 """
@@ -224,18 +226,21 @@ def physical_window(src, item: dict, asset: str, window) -> np.ndarray:
     return values
 
 
-def numpy_reference(catalog, rows: int = 256) -> np.ndarray:
+def numpy_reference(catalog, rows: int = 256, method: str = "median") -> np.ndarray:
     """The job computed independently with rasterio + NumPy, as ``tests/reference.py`` does it, in strips of
     ``rows`` rows (bounded memory at 8192²): every item, each asset read raw, nodata -> NaN, ``raster:bands``
-    scale and offset in float32, SCL classes dropped, NDVI in float32, ``np.nanmedian`` over time.
+    scale and offset in float32, SCL classes dropped, NDVI in float32, ``np.nanmedian`` over time (``method``
+    ``"mean"``: ``np.nanmean`` in float64, then float32).
 
-    Cached as ``reference-median.npy`` in the sample's directory (the sample is deterministic)."""
+    Cached as ``reference-<method>.npy`` in the sample's directory (the sample is deterministic)."""
     import warnings
 
     import rasterio
     from rasterio.windows import Window
 
-    cache = Path(catalog.directory) / "reference-median.npy"
+    reduce = {"median": lambda a: np.nanmedian(a, axis=0),
+              "mean": lambda a: np.nanmean(a.astype(np.float64), axis=0).astype(np.float32)}[method]
+    cache = Path(catalog.directory) / f"reference-{method}.npy"
     if cache.exists():
         return np.load(cache)
     items = json.loads(Path(catalog.items_json).read_text())["features"]
@@ -258,7 +263,7 @@ def numpy_reference(catalog, rows: int = 256) -> np.ndarray:
             with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN pixels
                 ndvi = ((nir - red) / (nir + red)).astype(np.float32)
-                out[row:row + window.height] = np.nanmedian(ndvi, axis=0)
+                out[row:row + window.height] = reduce(ndvi)
     finally:
         for sources in files.values():
             for src in sources:

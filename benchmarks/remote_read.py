@@ -87,11 +87,13 @@ def with_io(spec: Path, line: str) -> Path:
     return spec
 
 
-def run(variant: str, local, remote, work: Path, gdal_python: Path | None):
+def run(variant: str, local, remote, work: Path, gdal_python: Path | None, time_chunk: int | None = None):
     output = work / (f"{variant}.tif" if variant == "gdal" else f"{variant}.zarr")
     if variant.startswith("rf-"):
         catalog = local if variant.startswith("rf-local") else remote
-        spec = write_spec(catalog, output, name=variant, processes="true" if variant.endswith("procs") else "false")
+        tree = {} if time_chunk is None else {"method": "mean", "time_chunk": time_chunk}
+        spec = write_spec(catalog, output, name=variant, processes="true" if variant.endswith("procs") else "false",
+                          **tree)
         if variant == "rf-remote-gdal":
             with_io(spec, "io: {reader: gdal}")
         return run_rasterflow(spec, work / "worker-stats"), output
@@ -114,10 +116,14 @@ def main() -> None:
     parser.add_argument("--bandwidth", default=None, help="per connection, e.g. 50MB (default: no cap)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--time-chunk", type=int, default=None,
+                        help="rasterflow only: a mean with time in chunks of this many dates (the tree path; a "
+                             "median needs time whole), against NumPy's nanmean")
     parser.add_argument("--gdal-python", type=Path, default=Path(os.environ.get("GDAL_PYTHON", DEFAULT_GDAL_PYTHON)))
     args = parser.parse_args()
     gdal_python = args.gdal_python if args.gdal_python.exists() else None
-    names = [v for v in args.variants if v != "gdal" or gdal_python]
+    names = [v for v in args.variants if (v != "gdal" or gdal_python) and (args.time_chunk is None
+                                                                          or v.startswith("rf-"))]
     if "gdal" in args.variants and not gdal_python:
         print(f"(no GDAL venv at {args.gdal_python}: the gdal variant is skipped; see compare_peers.py)")
 
@@ -127,10 +133,11 @@ def main() -> None:
         local = season_sample(args.size, args.dates)
     else:
         local = sample(args.size, args.dates)
-    work = DATA / f"remote-{'season-' if args.season else ''}{args.size}x{args.dates}"
+    work = DATA / (f"remote-{'season-' if args.season else ''}{args.size}x{args.dates}"
+                   + (f"-mean-t{args.time_chunk}" if args.time_chunk else ""))
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    reference = numpy_reference(local)
+    reference = numpy_reference(local, method="median" if args.time_chunk is None else "mean")
     print(f"NumPy reference ready ({time.perf_counter() - started:.0f} s)", flush=True)
     rows = []
     for latency in args.latency:
@@ -143,7 +150,7 @@ def main() -> None:
             for r in range(args.rounds):
                 for variant in names:
                     server_reset(url)
-                    m, output = run(variant, local, remote, work, gdal_python)
+                    m, output = run(variant, local, remote, work, gdal_python, args.time_chunk)
                     served = server_stats(url) if "remote" in variant or not variant.startswith("rf-") else {}
                     io = ((m.info.get("report") or {}).get("reads") or {}).get("io") or {}
                     results[variant].append((m, served, io, compare(read_result(output), reference)))
@@ -164,7 +171,8 @@ def main() -> None:
                              f"{served['bytes'] / 1e6:.0f} MB" if served.get("bytes") else "-",
                              str(io.get("header_reads", "")), f"{io['wait_seconds']:.1f} s" if io else "",
                              f"{served['cpu_seconds']:.1f} s" if served else "-", same])
-    print(f"\nmasked NDVI median, {args.size}² x {args.dates} dates x 3 assets (512² ZSTD COGs), chunks 1024², "
+    job = "median" if args.time_chunk is None else f"mean, time in chunks of {args.time_chunk} dates (tree path),"
+    print(f"\nmasked NDVI {job} {args.size}² x {args.dates} dates x 3 assets (512² ZSTD COGs), chunks 1024², "
           f"rounds {args.rounds}, bandwidth cap {args.bandwidth or 'none'}")
     print(table(rows, ["latency", "variant", "wall", "vs local", "peak RSS", "requests", "most in flight",
                        "bytes sent", "header reads", "compute waited", "server CPU", "vs NumPy reference"]))

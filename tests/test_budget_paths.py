@@ -642,9 +642,10 @@ def test_remote_reads_hold_a_row_of_the_chunks_tiles_per_file():
 def test_reads_started_ahead_are_counted_once_more_per_running_task():
     """Each running task's successor has its remote reads started before it runs, within source.io.buffer: in the
     one-process layout (``read.prefetch.ahead`` from the writer), and with worker processes where the writer sends a
-    chunk's work as one task to a worker it picks (the fused path to Zarr without shards, and to COG). The worker's
-    remote-read term counts a buffer more per running task there; not for the worker processes of a time-chunked
-    (tree) reduction or a sharded Zarr; nothing locally."""
+    chunk's work as one task to a worker it picks (the fused path to Zarr without shards, and to COG), or a chunk's
+    band tasks (the time-chunked tree path to Zarr without shards). The worker's remote-read term counts a buffer
+    more per running task there; not for the worker processes of a tree reduction to COG or a sharded Zarr; nothing
+    locally."""
     from rasterflow.budget.constants import REMOTE_CLIENT_BYTES
 
     shape = _shape("median")
@@ -663,13 +664,15 @@ def test_reads_started_ahead_are_counted_once_more_per_running_task():
         + REMOTE_CLIENT_BYTES
     tree = dataclasses.replace(workers, chunk_time=6)
     assert budget.code_path(shape, tree) == "tree"
-    for other_shape, other in ((cog, tree), (shape, tree)):
-        assert not budget.started_ahead(other_shape, other)
-        assert budget.remote_io_total(other_shape, other, 2) == 2 * budget.remote_io_bytes(other_shape, other) \
-            + REMOTE_CLIENT_BYTES
+    assert budget.started_ahead(shape, tree)
+    assert budget.remote_io_total(shape, tree, 2) == 2 * (budget.remote_io_bytes(shape, tree) + 8_000_000) \
+        + REMOTE_CLIENT_BYTES
+    assert not budget.started_ahead(cog, tree)
+    assert budget.remote_io_total(cog, tree, 2) == 2 * budget.remote_io_bytes(cog, tree) + REMOTE_CLIENT_BYTES
     sharded = budget.PipelineShape(**{**dataclasses.asdict(shape), "zarr_format": 3})
     big = dataclasses.replace(workers, grid_shape=(20480, 20480), chunk_y=512, chunk_x=512)
     assert budget.shards_per_side(sharded, big) > 1 and not budget.started_ahead(sharded, big)
+    assert not budget.started_ahead(sharded, dataclasses.replace(big, chunk_time=6))
     local = dataclasses.replace(one, remote_fetch=False)
     assert not budget.started_ahead(shape, local) and budget.remote_io_total(shape, local, 2) == 0
 

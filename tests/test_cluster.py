@@ -391,6 +391,15 @@ def test_the_worker_profiler_is_off_on_python_3_11(local):
     assert client.profile().get("count", 0) == 0  # no samples were taken
 
 
+def test_the_scheduler_steals_no_task_from_the_worker_its_reads_were_started_on(local):
+    # the writer places a chunk's reading tasks on the worker whose process started their reads (write.submit); a
+    # stolen one reads them again elsewhere (a time-chunked season: 59 of 108 tasks found their reads started)
+    client = local.client
+    assert client.run_on_scheduler(lambda dask_scheduler: "stealing" in dask_scheduler.extensions) is False
+    # the config was put back in this process (where the LocalCluster's scheduler runs) once the scheduler was made
+    assert dask.config.get("distributed.scheduler.work-stealing") is True
+
+
 _HOLD_THE_GIL = """
 import os, re, sys
 from rasterflow.cluster import ClusterSettings, open_cluster

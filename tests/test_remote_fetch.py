@@ -717,6 +717,27 @@ def test_a_cog_run_on_worker_processes_over_http_starts_each_chunks_reads_on_its
 
 
 @pytest.mark.slow
+def test_a_time_chunked_run_on_worker_processes_over_http_starts_each_band_tasks_reads_on_its_worker(sample,
+                                                                                                  tmp_path):
+    """The tree path (a mean with time in chunks of 2 dates) to Zarr on 2 worker processes over HTTP: the writer
+    sends each chunk's band tasks to a worker it picks, their reads started there first, and the worker runs them in
+    the order they were sent, so every band task but a worker's first finds its reads started (the report counts
+    them); the scheduler of the LocalCluster steals no task away from its reads. Bit for bit the local run."""
+    import xarray as xr
+
+    server = _local_then_remote(sample, tmp_path, "zarr", reduce="{method: mean}", chunks="{time: 2, y: 96, x: 96}")
+    expected = xr.open_zarr(tmp_path / "out" / "local.zarr")["ndvi"].values
+    np.testing.assert_array_equal(xr.open_zarr(tmp_path / "out" / "remote.zarr")["ndvi"].values, expected)
+    report = json.loads((tmp_path / "out" / "remote.zarr.report.json").read_text())
+    io = report["reads"]["io"]
+    height, width = report["grid"]["shape"]
+    chunks, time_chunks = -(-height // 96) * -(-width // 96), -(-len(report["item_ids"]) // 2)
+    assert io["tasks"] == chunks * time_chunks  # each band task read once: none was stolen and read again
+    assert io["tasks"] - 2 <= io["tasks_ahead"] <= io["tasks"]  # all but each worker's first
+    assert server.count() - 5 <= io["requests"]
+
+
+@pytest.mark.slow
 def test_a_cog_chunk_with_more_entries_than_a_batch_keeps_a_task_per_entry(sample, tmp_path):
     """Monthly quantiles (3 months x 3 quantiles: 9 entries a chunk, over the 4 blocks a batch takes on 2 threads)
     to COG on worker processes over HTTP: the chunk is not made one task (its entries would all come back to the

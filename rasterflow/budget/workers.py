@@ -97,11 +97,14 @@ def started_ahead(shape: PipelineShape, inputs: BudgetInputs) -> bool:
     layout), and with worker processes where it sends a chunk's work as one task to a worker it picks and starts
     the chunk's reads there first (``write.submit``: the fused path to Zarr without shards, and to COG; for a COG
     whose chunk has more entries than one batch takes, the writer keeps a task per entry and the buffer counted here
-    is not used: the projection errs high)."""
+    is not used: the projection errs high), or sends a chunk's band tasks to a worker it picks with their reads
+    started there (the tree path to Zarr without shards)."""
     if not inputs.remote_fetch:
         return False
-    return inputs.one_process or (code_path(shape, inputs) == "fused" and (
-        shape.output_format == "cog" or (shape.output_format == "zarr" and shards_per_side(shape, inputs) <= 1)))
+    path = code_path(shape, inputs)
+    zarr_unsharded = shape.output_format == "zarr" and shards_per_side(shape, inputs) <= 1
+    return inputs.one_process or (path == "fused" and (shape.output_format == "cog" or zarr_unsharded)) or (
+        path == "tree" and zarr_unsharded)
 
 
 def remote_io_total(shape: PipelineShape, inputs: BudgetInputs, tasks: int) -> int:

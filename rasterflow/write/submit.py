@@ -259,11 +259,16 @@ class Batch:
             walk(root)
         return list(found.values())
 
-    def submit(self, client: Client) -> list[Future[Any]]:
+    def submit(self, client: Client, worker: str | None = None) -> list[Future[Any]]:
         """Futures of the batch's keys: each non-inline call one task, its inputs' futures as arguments (the
-        scheduler runs it where they are); the other collections' blocks in one ``client.compute``."""
+        scheduler runs it where they are); the other collections' blocks in one ``client.compute``.
+
+        ``worker``: the address of the worker the calls that read (:meth:`prefetchable`) should run on (where their
+        reads were started ahead); the tasks that take their results follow them there. Another worker runs them if
+        that one leaves."""
         blocks = self._blocks()
         done: dict[int, Any] = {}
+        placed = {id(call) for call in self._prefetchable_calls()} if worker is not None else set()
         if blocks:
             futures = client.compute([b.collection.blocks[b.index] for b in blocks])
             done.update({id(b): f for b, f in zip(blocks, futures)})
@@ -276,7 +281,15 @@ class Batch:
                     return [_INLINE, value.fn, *(encode(a) for a in value.args)]
                 # the block's own key: the scheduler's view names what runs, and a block two batches ask for at
                 # once is computed once
-                future = client.submit(_call, value.fn, *(encode(a) for a in value.args), key=value.key)
+                args = tuple(encode(a) for a in value.args)
+                if worker is None:
+                    future = client.submit(_call, value.fn, *args, key=value.key)
+                else:
+                    # each task a generation of its own (fifo_timeout=0): a worker runs its tasks in the order
+                    # they were sent (a task's reads were started in that order), and a task that takes a read's
+                    # result before the next read; within one generation it would go by key
+                    restriction = {"workers": [worker], "allow_other_workers": True} if id(value) in placed else {}
+                    future = client.submit(_call, value.fn, *args, key=value.key, fifo_timeout=0, **restriction)
                 done[id(value)] = future
                 return future
             if isinstance(value, list):
@@ -349,7 +362,10 @@ class Batch:
     def prefetchable(self) -> list[tuple[Callable[..., Any], tuple[Any, ...]]]:
         """The batch's tasks ``(function, args)`` whose reads can start before they run
         (:func:`rasterflow.layers.starts_reads`), their arguments plain values (no other task's result)."""
-        found: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        return [(call.fn, call.args) for call in self._prefetchable_calls()]
+
+    def _prefetchable_calls(self) -> list[_Call]:
+        found: list[_Call] = []
         seen: set[int] = set()
 
         def plain(value: object) -> bool:
@@ -365,7 +381,7 @@ class Batch:
                 for a in value.args:
                     walk(a)
                 if plain(value.args) and starts_reads(value.fn, value.args):
-                    found.append((value.fn, value.args))
+                    found.append(value)
             elif isinstance(value, (list, tuple)):
                 for v in value:
                     walk(v)
@@ -420,6 +436,7 @@ def run_units(
     weight: Callable[[Key], int] | None = None,
     min_units: int | None = None,
     one_task_per_unit: bool = False,
+    place_reads: bool = False,
 ) -> int:
     """Compute every key of ``units``, a bounded batch at a time; returns the number of blocks computed.
 
@@ -452,6 +469,11 @@ def run_units(
         On a distributed client, compute each unit's tasks as one task (:meth:`Batch.submit_as_one`): its shared
         upstream (a chunk's read-and-reduce) and its keys (the writes of the chunk's variables) run one after the
         other on one worker thread. The Zarr writer asks for it on the fused path.
+    place_reads : bool
+        On worker processes, send each unit's tasks that read remote files (:meth:`Batch.prefetchable`) to a worker
+        the writer picks, their reads started there first, as ``one_task_per_unit`` does for its one task (see
+        :func:`places_units`); the unit's other tasks follow their results. The Zarr writer asks for it on the tree
+        path (a chunk's band tasks per time chunk, then their partials), whose tasks stay apart.
 
     Raises
     ------
@@ -463,7 +485,8 @@ def run_units(
     count = _Counter(total, progress, weight)
     size = (lambda key: 1) if weight is None else weight
     if client is not None:
-        _run_distributed(_Feed(iter(units), size, floor), build, client, cap, on_result, count, one_task_per_unit)
+        _run_distributed(_Feed(iter(units), size, floor), build, client, cap, on_result, count, one_task_per_unit,
+                         place_reads)
     else:
         _run_local(_Feed(iter(units), size, floor), build, cap, on_result, count)
     return count.done
@@ -590,8 +613,8 @@ class _Placement:
 
 
 def places_units(client: Client, build: Callable[[Sequence[Key]], Batch], first: Sequence[Key]) -> bool:
-    """Whether :func:`run_units` with ``one_task_per_unit`` sends each unit to a worker it picks, the unit's reads
-    started there first: ``client``'s workers are processes of their own (in this process the writer starts the
+    """Whether :func:`run_units` with ``one_task_per_unit`` or ``place_reads`` sends each unit to a worker it picks,
+    the unit's reads started there first: ``client``'s workers are processes of their own (in this process the writer starts the
     reads itself) and the first unit's reads can start ahead (remote files the concurrent reader reads)."""
     workers = client.scheduler_info().get("workers") or {}
     if not workers or _in_this_process(workers):
@@ -606,7 +629,7 @@ def _in_this_process(workers: Mapping[str, object]) -> bool:
 
 def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], client: Client, cap: int,
                      on_result: Callable[[Key, Any], None] | None, count: _Counter,
-                     one_task_per_unit: bool = False) -> None:
+                     one_task_per_unit: bool = False, place_reads: bool = False) -> None:
     from distributed import as_completed
 
     in_flight: dict[Future[Any], list[Key]] = {}  # future -> its key, or every key of a unit's one task
@@ -622,7 +645,7 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
     drops: dict[int, list[Callable[[], None]]] = {}  # unit in flight -> what drops its reads started ahead
     # worker processes: a unit sent as one task goes to a worker the writer picks, its reads started there first
     # (only when the chunks' reads can start ahead: remote files the concurrent reader reads; asked of the first)
-    placement = _Placement(client, feed) if one_task_per_unit and feed.head is not None \
+    placement = _Placement(client, feed) if (one_task_per_unit or place_reads) and feed.head is not None \
         and places_units(client, build, feed.head) else None
 
     def blocks_in_flight() -> int:
@@ -661,6 +684,14 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
                 in_flight[future] = list(unit)
                 whole.add(future)
                 futures.append(future)
+        elif placement is not None:
+            rest = []
+            for unit in units:  # each unit's reading tasks to the worker its reads were started on
+                built = build(unit)
+                worker = None if built.has_blocks() else placement.place(unit_of[unit[-1]], built)
+                for key, future in zip(unit, built.submit(client, worker)):
+                    in_flight[future] = [key]
+                    futures.append(future)
         if rest:
             built = build(rest)
             start_reads(rest, built)

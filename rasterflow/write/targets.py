@@ -104,7 +104,8 @@ class ZarrOutput(_Single):
 
         return write_zarr(dataset, self.path, overwrite=replace, compression=self.plan.output.compression,
                           fingerprint=job_id, client=client, progress=progress,
-                          fused=self.plan.code_path == "fused", **context.options)
+                          fused=self.plan.code_path == "fused", place_reads=self.plan.code_path == "tree",
+                          **context.options)
 
     def what_is_left(self, job_id: str, counts: Sequence[int]) -> str:
         done, total = counts

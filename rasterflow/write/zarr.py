@@ -450,6 +450,7 @@ def write_zarr(
     metadata: dict[str, Any] | None = None,
     shards: int | None = None,
     fused: bool = False,
+    place_reads: bool = False,
 ) -> WriteResult:
     """Write a lazy Dataset to a Zarr store, chunk by chunk in parallel, atomically, resuming an interrupted run.
 
@@ -485,6 +486,10 @@ def write_zarr(
         The blocks come from the fused path (one task makes every variable of a chunk): keep a chunk per cluster
         thread and :data:`~rasterflow.write.submit.QUEUED_UNITS` more in flight even when one chunk's variables
         fill the cap on blocks (not with shards).
+    place_reads : bool
+        The blocks come from the tree path (a chunk's band tasks per time chunk, their partials combined): on worker
+        processes that read remote files, each chunk's band tasks go to a worker the writer picks, their reads
+        started there first (not with shards; :func:`rasterflow.write.submit.run_units`).
 
     Raises
     ------
@@ -565,7 +570,8 @@ def write_zarr(
             # never held on a worker waiting for the writes while the thread starts the next chunk
             written = submit.run_units(units, build, total=todo, client=client, progress=progress, weight=weight,
                                        max_in_flight=cap, on_result=keep_statistics, min_units=floor,
-                                       one_task_per_unit=fused and side <= 1)
+                                       one_task_per_unit=fused and side <= 1,
+                                       place_reads=place_reads and side <= 1)
         except Exception as exc:
             raise RunFailedError(
                 f"writing {path} failed: {type(exc).__name__}: {exc}. Finished blocks are kept in {store}; "
