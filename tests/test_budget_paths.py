@@ -669,6 +669,12 @@ def test_reads_started_ahead_are_counted_once_more_per_running_task():
         + REMOTE_CLIENT_BYTES
     assert not budget.started_ahead(cog, tree)
     assert budget.remote_io_total(cog, tree, 2) == 2 * budget.remote_io_bytes(cog, tree) + REMOTE_CLIENT_BYTES
+    # a chunk of more blocks than the writer's cap lets every worker have in flight (6 periods on 2 workers x 1
+    # thread: 2 x 6 > 8) is not placed: the scheduler places its tasks, and each starts its own reads
+    monthly = _shape("mean", period=True)
+    two = dataclasses.replace(tree, n_workers=2, threads_per_worker=1)
+    assert budget.started_ahead(monthly, dataclasses.replace(two, n_periods=4))  # 2 x 4 blocks <= 8
+    assert not budget.started_ahead(monthly, dataclasses.replace(two, n_periods=6))
     sharded = budget.PipelineShape(**{**dataclasses.asdict(shape), "zarr_format": 3})
     big = dataclasses.replace(workers, grid_shape=(20480, 20480), chunk_y=512, chunk_x=512)
     assert budget.shards_per_side(sharded, big) > 1 and not budget.started_ahead(sharded, big)

@@ -391,11 +391,15 @@ def test_the_worker_profiler_is_off_on_python_3_11(local):
     assert client.profile().get("count", 0) == 0  # no samples were taken
 
 
-def test_the_scheduler_steals_no_task_from_the_worker_its_reads_were_started_on(local):
-    # the writer places a chunk's reading tasks on the worker whose process started their reads (write.submit); a
-    # stolen one reads them again elsewhere (a time-chunked season: 59 of 108 tasks found their reads started)
-    client = local.client
-    assert client.run_on_scheduler(lambda dask_scheduler: "stealing" in dask_scheduler.extensions) is False
+def test_the_scheduler_steals_work_unless_the_writer_places_chunks_where_their_reads_were_started(local):
+    # the writer places a chunk's tasks on the worker whose process started their reads (write.submit); a stolen
+    # one reads them again elsewhere (a time-chunked season: 59 of 108 tasks found their reads started)
+    def steals(dask_scheduler) -> bool:
+        return "stealing" in dask_scheduler.extensions
+
+    assert local.client.run_on_scheduler(steals) is True and local.as_dict()["work_stealing"] is True
+    with open_cluster(settings(work_stealing=False), LAYOUT) as handle:
+        assert handle.client.run_on_scheduler(steals) is False and handle.as_dict()["work_stealing"] is False
     # the config was put back in this process (where the LocalCluster's scheduler runs) once the scheduler was made
     assert dask.config.get("distributed.scheduler.work-stealing") is True
 

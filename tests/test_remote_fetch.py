@@ -722,7 +722,8 @@ def test_a_time_chunked_run_on_worker_processes_over_http_starts_each_band_tasks
     """The tree path (a mean with time in chunks of 2 dates) to Zarr on 2 worker processes over HTTP: the writer
     sends each chunk's band tasks to a worker it picks, their reads started there first, and the worker runs them in
     the order they were sent, so every band task but a worker's first finds its reads started (the report counts
-    them); the scheduler of the LocalCluster steals no task away from its reads. Bit for bit the local run."""
+    them); the plan says so, and the scheduler of the LocalCluster steals no task away from its reads. Bit for bit
+    the local run."""
     import xarray as xr
 
     server = _local_then_remote(sample, tmp_path, "zarr", reduce="{method: mean}", chunks="{time: 2, y: 96, x: 96}")
@@ -735,6 +736,31 @@ def test_a_time_chunked_run_on_worker_processes_over_http_starts_each_band_tasks
     assert io["tasks"] == chunks * time_chunks  # each band task read once: none was stolen and read again
     assert io["tasks"] - 2 <= io["tasks_ahead"] <= io["tasks"]  # all but each worker's first
     assert server.count() - 5 <= io["requests"]
+    assert report["cluster"]["work_stealing"] is False
+    local = json.loads((tmp_path / "out" / "local.zarr.report.json").read_text())
+    assert local["cluster"]["work_stealing"] is True  # local files: nothing is placed
+
+
+@pytest.mark.slow
+def test_a_time_chunked_chunk_of_more_blocks_than_the_cap_lets_every_worker_have_is_left_to_the_scheduler(
+        sample, tmp_path):
+    """Two bands per month (3 months: 6 blocks a chunk; 2 workers x 6 > the writer's 8 blocks in flight): placed, a
+    chunk would go whole to one worker and one chunk at a time would all go to the same one, so the scheduler places
+    the tasks and each starts its own reads; the budget does not count a started buffer; bit for bit the local
+    run."""
+    import xarray as xr
+
+    bands = 'ndvi: "(nir - red) / (nir + red)"\nndwi: "(green - nir) / (green + nir)"'
+    _local_then_remote(sample, tmp_path, "zarr", reduce="{method: mean, period: month}", bands=bands,
+                       chunks="{time: 2, y: 96, x: 96}")
+    for name in ("ndvi", "ndwi"):
+        expected = xr.open_zarr(tmp_path / "out" / "local.zarr")[name].values
+        assert expected.shape[0] == 3  # months
+        np.testing.assert_array_equal(xr.open_zarr(tmp_path / "out" / "remote.zarr")[name].values, expected)
+    report = json.loads((tmp_path / "out" / "remote.zarr.report.json").read_text())
+    io = report["reads"]["io"]
+    assert io["tasks"] >= 8 and io.get("tasks_ahead", 0) == 0
+    assert report["cluster"]["work_stealing"] is True
 
 
 @pytest.mark.slow

@@ -88,8 +88,8 @@ def units_in_flight(shape: PipelineShape, inputs: BudgetInputs) -> int:
         unit_bytes = dtype_itemsize(inputs.dtype) * n_bands * cy * cx
         keys = min(max(1, min(cap, COG_BATCH_BYTES // max(1, unit_bytes))), _cog_files(shape, inputs))
     else:
-        cap = max(2, IN_FLIGHT_PER_THREAD * threads)
-        keys = shape.result_bands * _n_groups(shape, inputs) * max(1, shape.n_quantiles)
+        cap = zarr_cap(inputs)
+        keys = zarr_chunk_blocks(shape, inputs)
     # on the fused path the Zarr writer keeps a chunk per thread and write.submit.QUEUED_UNITS more in flight (not
     # with shards): a thread that finishes a reduction may start the queued one before its result's writes arrive
     # (3 bands, 1536² chunks, 2 threads, 4 chunks in flight: 281-290 MB here, 362 MB on CI's machine, against 309 MB
@@ -99,6 +99,17 @@ def units_in_flight(shape: PipelineShape, inputs: BudgetInputs) -> int:
     units = max(1, cap // keys, floor)
     workers = max(1, inputs.n_workers)
     return max(1, min(math.ceil(inputs.n_spatial_chunks / workers), math.ceil(units / workers)))
+
+
+def zarr_cap(inputs: BudgetInputs) -> int:
+    """The Zarr writer's cap on blocks in flight (``write.submit.in_flight_cap``): :data:`IN_FLIGHT_PER_THREAD` per
+    thread of the cluster, at least 2."""
+    return max(2, IN_FLIGHT_PER_THREAD * max(1, inputs.n_workers * inputs.threads_per_worker))
+
+
+def zarr_chunk_blocks(shape: PipelineShape, inputs: BudgetInputs) -> int:
+    """The blocks of one chunk the Zarr writer submits together (one unit): every band, period and quantile."""
+    return shape.result_bands * _n_groups(shape, inputs) * max(1, shape.n_quantiles)
 
 
 def shards_per_side(shape: PipelineShape, inputs: BudgetInputs) -> int:

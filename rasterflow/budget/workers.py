@@ -37,6 +37,7 @@ from rasterflow.budget.paths import (
     sub_blocks_across,
     task_shapes,
 )
+from rasterflow.budget.taskshapes import zarr_cap, zarr_chunk_blocks
 
 
 def baseline_bytes(inputs: BudgetInputs) -> int:
@@ -97,14 +98,16 @@ def started_ahead(shape: PipelineShape, inputs: BudgetInputs) -> bool:
     layout), and with worker processes where it sends a chunk's work as one task to a worker it picks and starts
     the chunk's reads there first (``write.submit``: the fused path to Zarr without shards, and to COG; for a COG
     whose chunk has more entries than one batch takes, the writer keeps a task per entry and the buffer counted here
-    is not used: the projection errs high), or sends a chunk's band tasks to a worker it picks with their reads
-    started there (the tree path to Zarr without shards)."""
+    is not used: the projection errs high), or sends a chunk's tasks to a worker it picks with their reads started
+    there (the tree path to Zarr without shards, where the writer's cap on blocks lets every worker have a chunk in
+    flight: ``write.submit.run_units``' ``place_reads``)."""
     if not inputs.remote_fetch:
         return False
     path = code_path(shape, inputs)
     zarr_unsharded = shape.output_format == "zarr" and shards_per_side(shape, inputs) <= 1
+    chunk_per_worker = zarr_chunk_blocks(shape, inputs) * max(1, inputs.n_workers) <= zarr_cap(inputs)
     return inputs.one_process or (path == "fused" and (shape.output_format == "cog" or zarr_unsharded)) or (
-        path == "tree" and zarr_unsharded)
+        path == "tree" and zarr_unsharded and chunk_per_worker)
 
 
 def remote_io_total(shape: PipelineShape, inputs: BudgetInputs, tasks: int) -> int:

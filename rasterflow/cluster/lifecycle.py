@@ -57,6 +57,9 @@ class ClusterHandle:
     """The scheduler address."""
     is_local: bool
     """True for a LocalCluster started (and shut down) by :func:`open_cluster`."""
+    work_stealing: bool | None = None
+    """Whether the scheduler moves queued tasks between workers (a LocalCluster's, as
+    :attr:`ClusterSettings.work_stealing` says); None: a cluster of its own (its configuration decides)."""
 
     def as_dict(self) -> dict[str, Any]:
         """The run report's ``cluster`` section."""
@@ -68,6 +71,7 @@ class ClusterHandle:
             "dashboard_link": self.dashboard_link,
             "is_local": self.is_local,
             "processes": self.layout.processes,
+            "work_stealing": self.work_stealing,
         }
 
 
@@ -100,12 +104,11 @@ def _start_local(settings: ClusterSettings, layout: WorkerLayout) -> tuple[Local
     cluster = None
     try:
         # Nannies copy dask.config when they are created, and the workers start with that copy. The scheduler
-        # (created here) steals no work: where reads start ahead the writer places each chunk's reading tasks on the
-        # worker whose process started their reads (write.submit), and a stolen one would read them again
-        # elsewhere (a time-chunked season at 40 ms: 59 of 108 tasks found their reads started, 108 without
-        # stealing); the other tasks are queued on the scheduler until a worker has a free thread.
+        # (created here) steals no work where the writer places each chunk's tasks on the worker whose process
+        # started their reads (write.submit): a stolen task reads them again elsewhere (a time-chunked season at
+        # 40 ms: 59 of 108 tasks found their reads started with stealing, 108 without)
         with dask.config.set({**worker_dask_config(settings), "distributed.nanny.pre-spawn-environ": spawn_environ,
-                              "distributed.scheduler.work-stealing": False}):
+                              "distributed.scheduler.work-stealing": settings.work_stealing}):
             cluster = LocalCluster(
                 n_workers=layout.n_workers,
                 threads_per_worker=layout.threads_per_worker,
@@ -296,6 +299,8 @@ def open_cluster(settings: ClusterSettings, layout: WorkerLayout) -> Iterator[Cl
             dashboard_link=_dashboard_link(client) if layout.processes else None,
             address=cluster.scheduler_address,
             is_local=True,
+            # one process: a single worker, nothing to steal from
+            work_stealing=settings.work_stealing if layout.processes else None,
         )
     finally:
         try:

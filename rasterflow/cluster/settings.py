@@ -9,6 +9,8 @@ scheduler (``cluster.address`` / ``DASK_SCHEDULER_ADDRESS``) or a cluster of its
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -58,6 +60,10 @@ class ClusterSettings:
     processes: bool | str = True
     """``cluster.processes``: True (worker processes), False (one process) or ``"auto"``; see
     :func:`local_run_layout`."""
+    work_stealing: bool = True
+    """Whether the scheduler of a LocalCluster of worker processes moves queued tasks between workers
+    (``distributed.scheduler.work-stealing``). Off where the writer places each chunk on the worker whose process
+    started its reads (:attr:`rasterflow.planning.JobPlan.places_reads`): a stolen task would read them again."""
 
     @classmethod
     def from_spec(cls, cluster: Cluster | ClusterPlan, gdal_cachemax: int | None = None) -> ClusterSettings:
@@ -66,24 +72,19 @@ class ClusterSettings:
         spec's size, or for ``auto`` without a plan the default."""
         from rasterflow.budget import spec_gdal_cachemax
 
-        memory = getattr(cluster, "memory", None)
-        thresholds: dict[str, float] = {}
-        if memory is not None:
-            thresholds = {
-                "memory_target": float(memory.target),
-                "memory_spill": float(memory.spill),
-                "memory_pause": float(memory.pause),
-                "memory_terminate": float(memory.terminate),
-            }
-        return cls(
+        settings = cls(
             address=cluster.address,
             n_workers=cluster.n_workers,
             threads_per_worker=int(cluster.threads_per_worker),
             memory_limit=cluster.memory_limit,
             gdal_cachemax=spec_gdal_cachemax(cluster.gdal_cachemax) if gdal_cachemax is None else int(gdal_cachemax),
             processes=getattr(cluster, "processes", True),
-            **thresholds,
         )
+        memory = getattr(cluster, "memory", None)
+        if memory is None:
+            return settings
+        return dataclasses.replace(settings, memory_target=float(memory.target), memory_spill=float(memory.spill),
+                                   memory_pause=float(memory.pause), memory_terminate=float(memory.terminate))
 
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import time
@@ -297,8 +298,9 @@ def _execute(plan: JobPlan, output: Output, job_id: str, report: RunReport, time
     context = WriteContext(description, encoding, options, library_versions())
     with ExitStack() as stack:
         with timer("cluster start"), worker_log_env(log_path):
-            handle = stack.enter_context(open_cluster(ClusterSettings.from_spec(plan.cluster, plan.gdal_cachemax),
-                                                      plan.layout))
+            settings = dataclasses.replace(ClusterSettings.from_spec(plan.cluster, plan.gdal_cachemax),
+                                           work_stealing=not plan.places_reads)
+            handle = stack.enter_context(open_cluster(settings, plan.layout))
         report.cluster = {**handle.as_dict(), "gdal_cachemax": plan.gdal_cachemax}  # each worker's GDAL cache
         if log_path:
             report.cluster["worker_log"] = log_path

@@ -170,6 +170,13 @@ class JobPlan:
         return self.report.path
 
     @property
+    def places_reads(self) -> bool:
+        """Whether the writer sends each chunk's tasks to a worker process it picks, the chunk's remote reads started
+        there first (the budget's :func:`~rasterflow.budget.started_ahead` on worker processes): the run's
+        LocalCluster then steals no work, which would move a task away from its started reads."""
+        return not self.report.inputs.one_process and budget.started_ahead(self.shape, self.report.inputs)
+
+    @property
     def sub_block(self) -> tuple[int, int]:
         """``(rows, cols)`` a fused task reduces its chunk in; ``(0, 0)`` = the whole chunk."""
         return self.report.sub_block
