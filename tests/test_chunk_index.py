@@ -422,3 +422,30 @@ def test_plan_counts_one_request_per_row_of_tiles_when_remote_sub_blocks_go_acro
     headers = min(files, files * plan.layout.n_workers)
     assert requests(True) == headers + files * 2  # a row of tiles per request
     assert requests(False) == headers + files * 4  # a tile per request
+
+
+def test_plans_wall_counts_the_remote_readers_own_cpu_on_the_tasks_threads(sample, tmp_path):
+    """The reader's CPU for the compressed bytes it fetches (CLIENT_CPU_SECONDS_PER_GB) runs on the tasks' cores:
+    the wall estimate's compute is the chunks' decode plus that, over the threads."""
+    from rasterflow.planning.cost import (
+        CLIENT_CPU_SECONDS_PER_GB, DECODED_PX_PER_SECOND_PER_THREAD, STARTUP_SECONDS, RemoteProbe, job_cost,
+    )
+
+    plan = _plan(sample, tmp_path, chunks="{time: -1, y: 256, x: 256}")
+    assert plan.sources is not None
+    # a fat source (100 bytes a pixel) at 1 ms a request: the reader's CPU, not the waiting or the scheduler, sets
+    # the wall
+    probe = RemoteProbe(round_trip=0.001, bytes_per_pixel=100.0, decodable=True)
+    report = dataclasses.replace(plan.report, inputs=dataclasses.replace(plan.report.inputs, remote_fetch=True))
+    local = job_cost(plan.sources, plan.grid, plan.report, plan.layout, plan.chunk_index)
+    remote = job_cost(plan.sources, plan.grid, report, plan.layout, plan.chunk_index, probe, concurrency=64)
+    assert local.remote is None and remote.remote is not None
+    assert remote.remote.bytes == int(remote.pixels_read * 100.0)
+    client = remote.remote.bytes / 1e9 * CLIENT_CPU_SECONDS_PER_GB
+    assert remote.remote.client_seconds == pytest.approx(client)
+    decode = remote.pixels_read / DECODED_PX_PER_SECOND_PER_THREAD
+    assert remote.wall_seconds - STARTUP_SECONDS == pytest.approx(max((decode + client) / remote.threads,
+                                                                      remote.remote.network_seconds,
+                                                                      remote.tasks * 1e-3))
+    assert remote.wall_seconds > local.wall_seconds + client / remote.threads / 2
+    assert "CPU-s of the reader's own" in remote.remote.summary()

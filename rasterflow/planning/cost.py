@@ -23,6 +23,11 @@ STARTUP_SECONDS = 3.0
 """Interpreter, imports, cluster start and the first tasks' imports and opens (scaling.py: 2.2 s of process around
 the compute stage and ~0.7 s fixed inside it)."""
 
+CLIENT_CPU_SECONDS_PER_GB = 0.9
+"""The concurrent reader's own CPU per GB of compressed tiles it fetches (the socket's reads, the body's copies, the
+event loop), taken from the cores the tasks run on: 0.90 s/GB over HTTP(S) with aiohttp, 0.69 s/GB with obstore's
+client for ``s3://``, ``az://`` and ``gs://`` (``benchmarks/fetch_cpu.py``, 2026-12-07; the larger is counted)."""
+
 SCHEDULER_SECONDS_PER_TASK = 1e-3
 """The Dask scheduler's cost per task (the budget's ~1 ms): serial, so a floor on the wall time of many tasks."""
 
@@ -55,12 +60,16 @@ class RemoteCost:
     processes: int
     network_seconds: float
     """``requests x round trip / (concurrency x processes)``: the waiting that overlaps with compute."""
+    client_seconds: float = 0.0
+    """CPU seconds the reader itself spends on the bytes (:data:`CLIENT_CPU_SECONDS_PER_GB`), on the tasks' cores:
+    added to the compute of the wall estimate."""
 
     def summary(self) -> str:
         rtt = f"{self.round_trip * 1000:.0f} ms measured" if self.round_trip else "round trip not measured"
         return (f"~{self.requests:,} requests for {format_bytes(self.bytes)} from {self.files:,} files ({rtt}, "
                 f"{self.concurrency} in flight per process x {self.processes}): ~{_duration(self.network_seconds)} "
-                "of waiting, overlapped with compute")
+                f"of waiting, overlapped with compute; ~{self.client_seconds:.0f} CPU-s of the reader's own, "
+                "counted in the compute")
 
 
 @dataclass(frozen=True)
@@ -82,8 +91,8 @@ class JobCost:
     seconds_per_chunk: float
     """The average spatial chunk's decoded pixels at :data:`DECODED_PX_PER_SECOND_PER_THREAD`, on one thread."""
     wall_seconds: float
-    """``max(chunks × seconds_per_chunk / threads, tasks × scheduler cost, network) + startup``: an estimate, not a
-    promise (other kernels and busy machines are slower)."""
+    """``max((chunks × seconds_per_chunk + the remote reader's CPU) / threads, tasks × scheduler cost, network) +
+    startup``: an estimate, not a promise (other kernels and busy machines are slower)."""
     remote: RemoteCost | None = None
     """The network side, when the files are remote and read by the concurrent reader."""
 
@@ -146,10 +155,10 @@ def job_cost(sources: SourceTable, grid: GridPlan, report: budget.BudgetReport, 
     chunks = inputs.n_spatial_chunks
     threads = max(1, layout.n_workers * layout.threads_per_worker)
     per_chunk = pixels / chunks / DECODED_PX_PER_SECOND_PER_THREAD if chunks else 0.0
-    compute = chunks * per_chunk / threads
     remote = remote_cost(sources, report, layout, index, probe, files, pixels, nbytes, concurrency) \
         if inputs.remote_fetch else None
     network = remote.network_seconds if remote is not None else 0.0
+    compute = (chunks * per_chunk + (remote.client_seconds if remote is not None else 0.0)) / threads
     wall = max(compute, report.task_count * SCHEDULER_SECONDS_PER_TASK, network) + STARTUP_SECONDS
     return JobCost(files=files, pixels_read=pixels, bytes_read=nbytes, undeclared_files=undeclared,
                    spatial_chunks=chunks, tasks=report.task_count, threads=threads, seconds_per_chunk=per_chunk,
@@ -179,4 +188,5 @@ def remote_cost(sources: SourceTable, report: budget.BudgetReport, layout: Worke
     rtt = probe.round_trip if probe is not None else None
     network = requests * (rtt or 0.0) / (max(1, concurrency) * processes)
     return RemoteCost(files=files, requests=requests, bytes=compressed, round_trip=rtt, concurrency=concurrency,
-                      processes=processes, network_seconds=network)
+                      processes=processes, network_seconds=network,
+                      client_seconds=compressed / 1e9 * CLIENT_CPU_SECONDS_PER_GB)
