@@ -612,8 +612,9 @@ class _Placement:
 
 def places_units(client: Client, build: Callable[[Sequence[Key]], Batch], first: Sequence[Key]) -> bool:
     """Whether :func:`run_units` with ``one_task_per_unit`` or ``place_reads`` sends each unit to a worker it picks,
-    the unit's reads started there first: ``client``'s workers are processes of their own (in this process the writer starts the
-    reads itself) and the first unit's reads can start ahead (remote files the concurrent reader reads)."""
+    the unit's reads started there first: ``client``'s workers are processes of their own (in this process the
+    writer starts the reads itself) and the first unit's reads can start ahead (remote files the concurrent reader
+    reads)."""
     workers = client.scheduler_info().get("workers") or {}
     if not workers or _in_this_process(workers):
         return False
@@ -688,7 +689,7 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
                 futures.append(future)
         elif placement is not None:
             rest = []
-            for unit in units:  # each unit's reading tasks to the worker its reads were started on
+            for unit in units:  # each unit's tasks to the worker its reads were started on
                 built = build(unit)
                 worker = None if built.has_blocks() else placement.place(unit_of[unit[-1]], built)
                 for key, future in zip(unit, built.submit(client, worker)):
