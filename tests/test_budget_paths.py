@@ -643,9 +643,9 @@ def test_reads_started_ahead_are_counted_once_more_per_running_task():
     """Each running task's successor has its remote reads started before it runs, within source.io.buffer: in the
     one-process layout (``read.prefetch.ahead`` from the writer), and with worker processes where the writer sends a
     chunk's work as one task to a worker it picks (the fused path to Zarr without shards, and to COG), or a chunk's
-    band tasks (the time-chunked tree path to Zarr without shards). The worker's remote-read term counts a buffer
-    more per running task there; not for the worker processes of a tree reduction to COG or a sharded Zarr; nothing
-    locally."""
+    band tasks with all their chunk's tasks (the time-chunked tree path, where the writer's cap lets every worker
+    have a chunk). The worker's remote-read term counts a buffer more per running task there; not for a sharded
+    Zarr or a tree whose chunks do not fit the cap so; nothing locally."""
     from rasterflow.budget.constants import REMOTE_CLIENT_BYTES
 
     shape = _shape("median")
@@ -667,14 +667,19 @@ def test_reads_started_ahead_are_counted_once_more_per_running_task():
     assert budget.started_ahead(shape, tree)
     assert budget.remote_io_total(shape, tree, 2) == 2 * (budget.remote_io_bytes(shape, tree) + 8_000_000) \
         + REMOTE_CLIENT_BYTES
-    assert not budget.started_ahead(cog, tree)
-    assert budget.remote_io_total(cog, tree, 2) == 2 * budget.remote_io_bytes(cog, tree) + REMOTE_CLIENT_BYTES
+    # a COG from the tree path: its chunk's one file is one batch, and one chunk per worker fits the cap
+    assert budget.started_ahead(cog, tree)
     # a chunk of more blocks than the writer's cap lets every worker have in flight (6 periods on 2 workers x 1
     # thread: 2 x 6 > 8) is not placed: the scheduler places its tasks, and each starts its own reads
     monthly = _shape("mean", period=True)
     two = dataclasses.replace(tree, n_workers=2, threads_per_worker=1)
     assert budget.started_ahead(monthly, dataclasses.replace(two, n_periods=4))  # 2 x 4 blocks <= 8
     assert not budget.started_ahead(monthly, dataclasses.replace(two, n_periods=6))
+    monthly_cog = _shape("mean", period=True, fmt="cog")  # a file per month: 2 x 6 over the COG writer's cap
+    assert budget.started_ahead(monthly_cog, dataclasses.replace(two, n_periods=1))
+    assert not budget.started_ahead(monthly_cog, dataclasses.replace(two, n_periods=6))
+    assert budget.remote_io_total(monthly_cog, dataclasses.replace(two, n_periods=6), 2) == \
+        2 * budget.remote_io_bytes(monthly_cog, dataclasses.replace(two, n_periods=6)) + REMOTE_CLIENT_BYTES
     sharded = budget.PipelineShape(**{**dataclasses.asdict(shape), "zarr_format": 3})
     big = dataclasses.replace(workers, grid_shape=(20480, 20480), chunk_y=512, chunk_x=512)
     assert budget.shards_per_side(sharded, big) > 1 and not budget.started_ahead(sharded, big)

@@ -742,6 +742,24 @@ def test_a_time_chunked_run_on_worker_processes_over_http_starts_each_band_tasks
 
 
 @pytest.mark.slow
+def test_a_time_chunked_cog_on_worker_processes_over_http_starts_each_band_tasks_reads_on_its_worker(sample,
+                                                                                                    tmp_path):
+    """The tree path (a mean, time in chunks of 2 dates) to COG on 2 worker processes over HTTP: as for Zarr, each
+    chunk's tasks go to the worker that started its band tasks' reads; the file equals the local run's bit for
+    bit."""
+    import rasterio
+
+    _local_then_remote(sample, tmp_path, "tif", reduce="{method: mean}", chunks="{time: 2, y: 96, x: 96}")
+    with rasterio.open(tmp_path / "out" / "local.tif") as expected, \
+            rasterio.open(tmp_path / "out" / "remote.tif") as got:
+        np.testing.assert_array_equal(got.read(), expected.read())
+    report = json.loads((tmp_path / "out" / "remote.tif.report.json").read_text())
+    io = report["reads"]["io"]
+    assert io["tasks"] >= 8 and io["tasks"] - 2 <= io["tasks_ahead"] <= io["tasks"]
+    assert report["cluster"]["work_stealing"] is False
+
+
+@pytest.mark.slow
 def test_a_time_chunked_chunk_of_more_blocks_than_the_cap_lets_every_worker_have_is_left_to_the_scheduler(
         sample, tmp_path):
     """Two bands per month (3 months: 6 blocks a chunk; 2 workers x 6 > the writer's 8 blocks in flight): placed, a

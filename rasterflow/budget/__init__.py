@@ -55,9 +55,9 @@ from __future__ import annotations
 
 from rasterflow.budget.cogclient import (  # noqa: F401
     _axis_chunks,
-    _cog_files,
     client_peak_bytes,
     cog_copy_bytes,
+    cog_files,
     cog_tile_layout,
 )
 from rasterflow.budget.constants import (  # noqa: F401

@@ -29,7 +29,7 @@ from rasterflow.writeplan import (
 )
 
 
-def _cog_files(shape: PipelineShape, inputs: BudgetInputs) -> int:
+def cog_files(shape: PipelineShape, inputs: BudgetInputs) -> int:
     """COG files one write makes: one per period and quantile, or per date without a reduction."""
     if not shape.reduce_method:
         return inputs.dates
@@ -63,7 +63,7 @@ def cog_tile_layout(shape: PipelineShape, inputs: BudgetInputs) -> TileLayout | 
         height=height, width=width, chunks=(_axis_chunks(height, cy), _axis_chunks(width, cx)),
         blocksize=shape.cog_blocksize, resampling=shape.cog_resampling, computed_dtype=inputs.dtype, stored=stored,
         band_names=shape.output_band_names, compression=codec, predictor="auto",
-        files=_cog_files(shape, inputs))
+        files=cog_files(shape, inputs))
 
 
 def client_peak_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
@@ -78,7 +78,7 @@ def client_peak_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
     w = dtype_itemsize(inputs.dtype)
     cy, cx = inputs.chunk_yx
     n_bands = len(shape.output_band_names)  # a file's bands
-    n_files = _cog_files(shape, inputs)
+    n_files = cog_files(shape, inputs)
     units = n_files * inputs.n_spatial_chunks
     layout = cog_tile_layout(shape, inputs)
     if layout is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from rasterflow.budget.cogclient import _cog_files, cog_tile_layout
+from rasterflow.budget.cogclient import cog_files, cog_tile_layout
 from rasterflow.budget.constants import (
     COG_BATCH_BYTES,
     COG_INFLIGHT_PER_THREAD,
@@ -79,14 +79,9 @@ def units_in_flight(shape: PipelineShape, inputs: BudgetInputs) -> int:
     entry of a chunk; :data:`TILES_INFLIGHT_PER_THREAD` or :data:`COG_INFLIGHT_PER_THREAD` for a COG, whose unit is
     up to :data:`COG_BATCH_BYTES` of a chunk's files), shared by the workers, at most the chunks a worker gets."""
     threads = max(1, inputs.n_workers * inputs.threads_per_worker)
-    n_bands = max(1, len(shape.output_band_names))
     if shape.output_format == "cog":
-        per_thread = TILES_INFLIGHT_PER_THREAD if cog_tile_layout(shape, inputs) is not None \
-            else COG_INFLIGHT_PER_THREAD
-        cap = max(2, per_thread * threads)
-        cy, cx = inputs.chunk_yx
-        unit_bytes = dtype_itemsize(inputs.dtype) * n_bands * cy * cx
-        keys = min(max(1, min(cap, COG_BATCH_BYTES // max(1, unit_bytes))), _cog_files(shape, inputs))
+        cap, group = cog_cap_and_batch(shape, inputs)
+        keys = min(group, cog_files(shape, inputs))
     else:
         cap = zarr_cap(inputs)
         keys = zarr_chunk_blocks(shape, inputs)
@@ -99,6 +94,18 @@ def units_in_flight(shape: PipelineShape, inputs: BudgetInputs) -> int:
     units = max(1, cap // keys, floor)
     workers = max(1, inputs.n_workers)
     return max(1, min(math.ceil(inputs.n_spatial_chunks / workers), math.ceil(units / workers)))
+
+
+def cog_cap_and_batch(shape: PipelineShape, inputs: BudgetInputs) -> tuple[int, int]:
+    """The COG writer's cap on blocks in flight (:data:`TILES_INFLIGHT_PER_THREAD` per thread where the workers
+    make the tiles, else :data:`COG_INFLIGHT_PER_THREAD`; at least 2) and its batch: the blocks of a chunk's files
+    it submits together (one unit: within :data:`COG_BATCH_BYTES` and the cap)."""
+    threads = max(1, inputs.n_workers * inputs.threads_per_worker)
+    per_thread = TILES_INFLIGHT_PER_THREAD if cog_tile_layout(shape, inputs) is not None else COG_INFLIGHT_PER_THREAD
+    cap = max(2, per_thread * threads)
+    cy, cx = inputs.chunk_yx
+    unit_bytes = dtype_itemsize(inputs.dtype) * max(1, len(shape.output_band_names)) * cy * cx
+    return cap, max(1, min(cap, COG_BATCH_BYTES // max(1, unit_bytes)))
 
 
 def zarr_cap(inputs: BudgetInputs) -> int:

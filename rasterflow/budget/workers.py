@@ -37,7 +37,8 @@ from rasterflow.budget.paths import (
     sub_blocks_across,
     task_shapes,
 )
-from rasterflow.budget.taskshapes import zarr_cap, zarr_chunk_blocks
+from rasterflow.budget.cogclient import cog_files
+from rasterflow.budget.taskshapes import cog_cap_and_batch, zarr_cap, zarr_chunk_blocks
 
 
 def baseline_bytes(inputs: BudgetInputs) -> int:
@@ -95,19 +96,28 @@ def remote_io_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
 def started_ahead(shape: PipelineShape, inputs: BudgetInputs) -> bool:
     """Whether queued tasks' remote reads start before a thread runs them (``read.prefetch.ahead``), where the
     concurrent reader reads: where the writer queues tasks on a worker of its own process (the one-process
-    layout), and with worker processes where it sends a chunk's work as one task to a worker it picks and starts
-    the chunk's reads there first (``write.submit``: the fused path to Zarr without shards, and to COG; for a COG
-    whose chunk has more entries than one batch takes, the writer keeps a task per entry and the buffer counted here
-    is not used: the projection errs high), or sends a chunk's tasks to a worker it picks with their reads started
-    there (the tree path to Zarr without shards, where the writer's cap on blocks lets every worker have a chunk in
-    flight: ``write.submit.run_units``' ``place_reads``)."""
+    layout), and with worker processes where it sends a chunk to a worker it picks and starts the chunk's reads
+    there first (``write.submit``): on the fused path as one task, to Zarr without shards and to COG (for a COG whose
+    chunk has more entries than one batch takes, the writer keeps a task per entry and does not place it: the
+    buffer counted here is then not used, the projection errs high); on the tree path with all its tasks, to Zarr
+    without shards and to COG when a chunk's entries make one batch, where the writer's cap on blocks lets every
+    worker have a chunk in flight (``write.submit.run_units``' ``place_reads``)."""
     if not inputs.remote_fetch:
         return False
+    if inputs.one_process:
+        return True
     path = code_path(shape, inputs)
     zarr_unsharded = shape.output_format == "zarr" and shards_per_side(shape, inputs) <= 1
-    chunk_per_worker = zarr_chunk_blocks(shape, inputs) * max(1, inputs.n_workers) <= zarr_cap(inputs)
-    return inputs.one_process or (path == "fused" and (shape.output_format == "cog" or zarr_unsharded)) or (
-        path == "tree" and zarr_unsharded and chunk_per_worker)
+    if path == "fused":
+        return shape.output_format == "cog" or zarr_unsharded
+    if path != "tree":
+        return False
+    workers = max(1, inputs.n_workers)
+    if shape.output_format == "cog":
+        cap, batch = cog_cap_and_batch(shape, inputs)
+        files = cog_files(shape, inputs)
+        return files <= batch and files * workers <= cap
+    return zarr_unsharded and zarr_chunk_blocks(shape, inputs) * workers <= zarr_cap(inputs)
 
 
 def remote_io_total(shape: PipelineShape, inputs: BudgetInputs, tasks: int) -> int:

@@ -172,7 +172,7 @@ def _cube(ds: xr.Dataset, names: list[str], nlead: int) -> da.Array:
 def _stream_blocks(cube: da.Array, nlead: int, client: Client | None,
                    write: Callable[[tuple[int, ...], int, int, Any], None],
                    progress: Callable[[int, int], None] | None = None, results: da.Array | None = None,
-                   per_thread: int = COG_INFLIGHT_PER_THREAD, fused: bool = False) -> int:
+                   per_thread: int = COG_INFLIGHT_PER_THREAD, fused: bool = False, place_reads: bool = False) -> int:
     """Compute every block of ``cube`` and hand it to ``write(lead_index, i, j, block)``; returns blocks written.
     With ``results`` (an array of ``cube``'s blocks, e.g. :func:`_tile_tasks`) its blocks are what is handed over.
 
@@ -180,10 +180,12 @@ def _stream_blocks(cube: da.Array, nlead: int, client: Client | None,
     in flight, each batch's graph made from its own blocks only, each block fetched, written and released as it
     finishes.
 
-    ``fused``: the blocks come from the fused path (one task makes every leading entry of a chunk). Where worker
-    processes read remote files (:func:`rasterflow.write.submit.places_units`) and a chunk's entries make one unit
-    (no more than the batch's bytes and the cap allow), each chunk is then one task, sent to a worker that starts
-    the chunk's reads before it runs, as the Zarr writer does; more entries keep a task each.
+    ``fused``: the blocks come from the fused path (one task makes every leading entry of a chunk); ``place_reads``:
+    from the tree path (a chunk's band tasks per time chunk, their partials). Where worker processes read remote
+    files (:func:`rasterflow.write.submit.places_units`) and a chunk's entries make one unit (no more than the
+    batch's bytes and the cap allow), the chunk goes to a worker that starts its reads before they run, as the Zarr
+    writer does: fused as one task; from the tree path with every task of it, where the cap lets every worker have
+    a chunk (:func:`rasterflow.write.submit.run_units`). More entries keep a task each and are not placed.
     """
     from rasterflow.write import submit
 
@@ -197,7 +199,7 @@ def _stream_blocks(cube: da.Array, nlead: int, client: Client | None,
     build = submit.BlockTasks([collection])
     # where a chunk's entries are one unit already (within the batch's bytes and the cap), its read-and-reduce and
     # its entries run as one task, on the worker its reads were started on
-    placed = fused and client is not None and len(lead_indices) <= group and submit.places_units(
+    placed = (fused or place_reads) and client is not None and len(lead_indices) <= group and submit.places_units(
         client, build, [(name, *lead, 0, 0, 0) for lead in lead_indices])
 
     def units() -> Iterator[list[Key]]:
@@ -212,8 +214,8 @@ def _stream_blocks(cube: da.Array, nlead: int, client: Client | None,
 
     return submit.run_units(units(), build, total=len(lead_indices) * ny * nx, client=client,
                             max_in_flight=max_inflight, on_result=on_result, progress=progress,
-                            min_units=submit.cluster_threads(client) + submit.QUEUED_UNITS if placed else None,
-                            one_task_per_unit=placed)
+                            min_units=submit.cluster_threads(client) + submit.QUEUED_UNITS if placed and fused
+                            else None, one_task_per_unit=placed and fused, place_reads=placed and not fused)
 
 
 def _tile_tasks(cube: da.Array, layout: cogtiles.TileLayout) -> da.Array:
@@ -273,6 +275,8 @@ class _CogJob:
     file_metadata: Mapping[str, Mapping[str, Any]] | None
     fused: bool = False
     """The blocks come from the fused path (see :func:`_stream_blocks`)."""
+    place_reads: bool = False
+    """The blocks come from the tree path (see :func:`_stream_blocks`)."""
 
     @property
     def paths(self) -> list[str]:
@@ -423,7 +427,8 @@ class StreamedCog(_CogWriter):
             window = Window(int(col_offsets[j]), int(row_offsets[i]), block.shape[-1], block.shape[-2])
             dst.write(block, window=window)
 
-        written = _stream_blocks(cube, len(job.lead), job.client, write, job.progress, fused=job.fused)
+        written = _stream_blocks(cube, len(job.lead), job.client, write, job.progress, fused=job.fused,
+                                 place_reads=job.place_reads)
         self._close_streams()
         # NUM_THREADS parallelizes the tiles' compression; GDAL_NUM_THREADS also the overviews' computation,
         # which is otherwise one thread (same bytes, ~1 s of 10.5 faster on the season's 10980² output)
@@ -491,7 +496,7 @@ class WorkerTiledCog(_CogWriter):
 
             written = _stream_blocks(job.cube, len(job.lead), job.client, write, job.progress,
                                      results=_tile_tasks(job.cube, layout), per_thread=TILES_INFLIGHT_PER_THREAD,
-                                     fused=job.fused)
+                                     fused=job.fused, place_reads=job.place_reads)
         finally:
             thread.join()
         if failures:
@@ -540,6 +545,7 @@ def write_cog(
     metadata: Mapping[str, Any] | None = None,
     file_metadata: Mapping[str, Mapping[str, Any]] | None = None,
     fused: bool = False,
+    place_reads: bool = False,
 ) -> WriteResult:
     """Write a lazy Dataset as Cloud-Optimized GeoTIFF(s), streaming block by block.
 
@@ -574,6 +580,10 @@ def write_cog(
         The blocks come from the fused path (one task makes every variable and leading entry of a chunk): on worker
         processes reading remote files, each chunk whose entries fit one batch of the writer is then one task whose
         reads start on its worker before it runs.
+    place_reads : bool
+        The blocks come from the tree path (a chunk's band tasks per time chunk, their partials combined): on worker
+        processes reading remote files, each chunk whose entries fit one batch of the writer, where the writer's cap
+        lets every worker have a chunk, goes with all its tasks to a worker that starts its reads first.
 
     Raises
     ------
@@ -584,7 +594,8 @@ def write_cog(
     """
     job = _check(ds, str(path), overwrite=overwrite, compression=compression, gdal_cachemax=gdal_cachemax,
                  client=client, blocksize=blocksize, resampling=resampling, progress=progress, encoding=encoding,
-                 predictor=predictor, metadata=metadata, file_metadata=file_metadata, fused=fused)
+                 predictor=predictor, metadata=metadata, file_metadata=file_metadata, fused=fused,
+                 place_reads=place_reads)
     layout = None
     if cogtiles.assembly_enabled():
         cube = job.cube
@@ -600,7 +611,8 @@ def write_cog(
 def _check(ds: xr.Dataset, path: str, *, overwrite: bool, compression: str, gdal_cachemax: int,
            client: Client | None, blocksize: int, resampling: str, progress: Callable[[int, int], None] | None,
            encoding: Encoding | None, predictor: str, metadata: Mapping[str, Any] | None,
-           file_metadata: Mapping[str, Mapping[str, Any]] | None, fused: bool = False) -> _CogJob:
+           file_metadata: Mapping[str, Mapping[str, Any]] | None, fused: bool = False,
+           place_reads: bool = False) -> _CogJob:
     """:func:`write_cog`'s arguments checked, and what follows from them (the cube, the stored encoding, the stream
     files' profile, the COG driver's options)."""
     entries = cog_entries(path, ds)
@@ -654,4 +666,4 @@ def _check(ds: xr.Dataset, path: str, *, overwrite: bool, compression: str, gdal
     return _CogJob(ds=ds, path=path, entries=entries, lead=lead, names=names, cube=cube, stored=stored, codec=codec,
                    needs_encoding=needs_encoding, client=client, overwrite=overwrite,
                    gdal_cachemax=gdal_cachemax, progress=progress, profile=profile, cog_options=cog_options,
-                   metadata=metadata, file_metadata=file_metadata, fused=fused)
+                   metadata=metadata, file_metadata=file_metadata, fused=fused, place_reads=place_reads)

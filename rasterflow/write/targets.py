@@ -133,7 +133,8 @@ class CogOutput(_Single):
 
         return write_cog(dataset, self.path, overwrite=replace, compression=self.plan.output.compression,
                          gdal_cachemax=self.plan.writer_cachemax, client=client, progress=progress,
-                         fused=self.plan.code_path == "fused", **context.options)
+                         fused=self.plan.code_path == "fused", place_reads=self.plan.code_path == "tree",
+                         **context.options)
 
     def what_is_left(self, job_id: str, counts: Sequence[int]) -> str:
         done, total = counts
