@@ -182,7 +182,7 @@ def _stream_blocks(cube: da.Array, nlead: int, client: Client | None,
 
     ``fused``: the blocks come from the fused path (one task makes every leading entry of a chunk); ``place_reads``:
     from the tree path (a chunk's band tasks per time chunk, their partials). Where worker processes read remote
-    files (:func:`rasterflow.write.submit.places_units`) and a chunk's entries make one unit (no more than the
+    files (:func:`rasterflow.write.placement.places_units`) and a chunk's entries make one unit (no more than the
     batch's bytes and the cap allow), the chunk goes to a worker that starts its reads before they run, as the Zarr
     writer does: fused as one task; from the tree path with every task of it, where the cap lets every worker have
     a chunk (:func:`rasterflow.write.submit.run_units`). More entries keep a task each and are not placed.

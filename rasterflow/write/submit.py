@@ -26,17 +26,17 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rasterflow.layers import Task, drop_here, layer_named, prefetch, prefetch_here, starts_reads
+from rasterflow.layers import Task, layer_named, prefetch, starts_reads
+from rasterflow.write.placement import Placement, in_this_process, places_units
 
 if TYPE_CHECKING:  # pragma: no cover
     import dask.array as da
     from distributed import Client, Future
 
-__all__ = ["BlockTasks", "Batch", "evaluate", "run_calls", "run_units", "in_flight_cap", "default_client", "cluster_threads", "settled", "IN_FLIGHT_PER_THREAD", "QUEUED_UNITS", "places_units"]
+__all__ = ["BlockTasks", "Batch", "evaluate", "run_calls", "run_units", "in_flight_cap", "default_client", "cluster_threads", "settled", "IN_FLIGHT_PER_THREAD", "QUEUED_UNITS", "places_units", "UnitFeed"]
 
 #: Default cap on blocks in flight, per worker thread of the cluster: enough that no thread waits for the next
 #: submission (a batch is submitted when half the cap has finished), small enough that the scheduler holds O(threads).
@@ -483,10 +483,10 @@ def run_units(
     count = _Counter(total, progress, weight)
     size = (lambda key: 1) if weight is None else weight
     if client is not None:
-        _run_distributed(_Feed(iter(units), size, floor), build, client, cap, on_result, count, one_task_per_unit,
+        _run_distributed(UnitFeed(iter(units), size, floor), build, client, cap, on_result, count, one_task_per_unit,
                          place_reads)
     else:
-        _run_local(_Feed(iter(units), size, floor), build, cap, on_result, count)
+        _run_local(UnitFeed(iter(units), size, floor), build, cap, on_result, count)
     return count.done
 
 
@@ -501,7 +501,7 @@ class _Counter:
             self.progress(self.done, self.total)
 
 
-class _Feed:
+class UnitFeed:
     """The units not yet submitted, taken while they fit in the cap (counted in blocks: ``size(key)`` per key) or
     while fewer than ``min_units`` units are in flight."""
 
@@ -547,86 +547,7 @@ class _Feed:
         return self.head is not None and (in_flight <= cap // 2 or units < self.min_units)
 
 
-class _Placement:
-    """Where the units of a run on worker processes go when their reads can start ahead: each unit to the worker
-    with the fewest units in flight per thread, its reads started in that worker's process first
-    (:func:`rasterflow.layers.prefetch_here` through ``Client.run``), so that its thread does not wait a round trip
-    when it starts. A worker runs its queued tasks in an order of its own, so at most one unit waits per worker
-    thread (the feed's ``max_units``): the unit whose reads were started is the one that runs next. The unit may
-    still run elsewhere if its worker leaves (a loose restriction), and then starts its own reads."""
-
-    def __init__(self, client: Client, feed: _Feed):
-        self.client, self.feed = client, feed
-        self.threads: dict[str, int] = {}
-        self.load: dict[str, int] = {}
-        self.placed: dict[int, str] = {}  # unit in flight -> the worker its reads were started on
-        self.token = f"rasterflow-ahead-{uuid.uuid4().hex}"
-        self.started_on: set[str] = set()
-        self.follow()
-
-    def follow(self) -> None:
-        """Take the workers there now (an adaptive cluster's come and go; the client's view, refreshed by
-        distributed in the background) and let the feed's limit follow their threads."""
-        current = self.client.scheduler_info().get("workers") or {}
-        for address, info in current.items():
-            if str(address) not in self.threads:
-                self.threads[str(address)] = max(1, int((info or {}).get("nthreads") or 1))
-                self.load[str(address)] = 0
-        for address in [a for a in self.load if a not in current and not self.load[a]]:
-            del self.load[address], self.threads[address]
-        self.feed.max_units = 2 * max(1, sum(self.threads.values()))
-
-    def place(self, number: int, built: Batch) -> str | None:
-        """The worker unit ``number`` goes to, its reads started there; None: anywhere (nothing to start, or the
-        worker could not be asked)."""
-        calls = built.prefetchable()
-        if not calls:
-            return None
-        self.follow()
-        if not self.load:
-            return None
-        address = min(self.load, key=lambda a: self.load[a] / self.threads[a])
-        try:
-            self.client.run(prefetch_here, self.token, calls, workers=[address])
-        except Exception:  # noqa: BLE001 - e.g. the worker left: the task starts its own reads wherever it runs
-            return None
-        self.started_on.add(address)
-        self.load[address] += 1
-        self.placed[number] = address
-        return address
-
-    def finished(self, number: int) -> None:
-        """Unit ``number`` finished: its worker has a place more."""
-        address = self.placed.pop(number, None)
-        if address is not None and address in self.load:
-            self.load[address] -= 1
-
-    def close(self) -> None:
-        """Drop, in every worker used, the reads no task took over (a failed or cancelled run's)."""
-        if self.started_on:
-            try:
-                self.client.run(drop_here, self.token, workers=sorted(self.started_on))
-            except Exception:  # noqa: BLE001 - a worker that left took its reads with it
-                pass
-
-
-def places_units(client: Client, build: Callable[[Sequence[Key]], Batch], first: Sequence[Key]) -> bool:
-    """Whether :func:`run_units` with ``one_task_per_unit`` or ``place_reads`` sends each unit to a worker it picks,
-    the unit's reads started there first: ``client``'s workers are processes of their own (in this process the
-    writer starts the reads itself) and the first unit's reads can start ahead (remote files the concurrent reader
-    reads)."""
-    workers = client.scheduler_info().get("workers") or {}
-    if not workers or _in_this_process(workers):
-        return False
-    return bool(build(first).prefetchable())
-
-
-def _in_this_process(workers: Mapping[str, object]) -> bool:
-    """Whether every one of these workers (addresses) runs in this process (the one-process layout)."""
-    return all(str(address).startswith("inproc://") for address in workers)
-
-
-def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], client: Client, cap: int,
+def _run_distributed(feed: UnitFeed, build: Callable[[Sequence[Key]], Batch], client: Client, cap: int,
                      on_result: Callable[[Key, Any], None] | None, count: _Counter,
                      one_task_per_unit: bool = False, place_reads: bool = False) -> None:
     from distributed import as_completed
@@ -640,7 +561,7 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
     numbers = iter(range(1 << 62))
     # workers in this process (the one-process layout) run what this process starts ahead
     workers = client.scheduler_info().get("workers") or {}
-    ahead = bool(workers) and _in_this_process(workers)
+    ahead = bool(workers) and in_this_process(workers)
     drops: dict[int, list[Callable[[], None]]] = {}  # unit in flight -> what drops its reads started ahead
     # worker processes: a unit sent as one task goes to a worker the writer picks, its reads started there first
     # (only when the chunks' reads can start ahead: remote files the concurrent reader reads; asked of the first)
@@ -648,7 +569,7 @@ def _run_distributed(feed: _Feed, build: Callable[[Sequence[Key]], Batch], clien
     # flight (else one unit at a time would all go to the same worker)
     placing = one_task_per_unit or (place_reads and feed.head is not None
                                     and feed.blocks(feed.head) * max(1, len(workers)) <= cap)
-    placement = _Placement(client, feed) if placing and feed.head is not None \
+    placement = Placement(client, feed) if placing and feed.head is not None \
         and places_units(client, build, feed.head) else None
 
     def blocks_in_flight() -> int:
@@ -758,7 +679,7 @@ def settled(future: Future[Any], key: Key, wanted: bool = True) -> Any:
                            "restart); rerunning the same job resumes from the blocks already written") from error
 
 
-def _run_local(feed: _Feed, build: Callable[[Sequence[Key]], Batch], cap: int,
+def _run_local(feed: UnitFeed, build: Callable[[Sequence[Key]], Batch], cap: int,
                on_result: Callable[[Key, Any], None] | None, count: _Counter) -> None:
     if local_threads() == 1:  # the synchronous scheduler: one unit after the other, in this thread
         while (unit := feed.take_one()) is not None:
