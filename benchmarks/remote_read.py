@@ -160,6 +160,9 @@ def main() -> None:
                           + (f"  waited {io.get('wait_seconds', 0):.1f} s (first windows "
                              f"{io.get('first_wait_seconds', 0):.1f} s), tasks started ahead "
                              f"{io.get('tasks_ahead', 0)}/{io.get('tasks', 0)}" if io else ""), flush=True)
+                    slowest = (io.get("longest_waits") or [{}])[0]
+                    if slowest.get("seconds", 0) >= 1.0:  # a stall: what the report says of it
+                        print(f"    longest wait {slowest}", flush=True)
             walls = {v: sorted(x[0].wall for x in results[v])[len(results[v]) // 2] for v in names}
             for variant in names:
                 m, served, io, same = results[variant][-1]

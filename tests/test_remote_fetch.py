@@ -22,7 +22,7 @@ from http_faults import Fault, fault_server
 from rasterflow import retry
 from rasterflow.planning import GridPlan
 from rasterflow.read import prefetch
-from rasterflow.read.policy import ReadPolicy, collect
+from rasterflow.read.policy import LONGEST_WAITS, ReadPolicy, collect, merge_io
 from rasterflow.read.prefetch import task_reads
 from rasterflow.read.remote import ReadFailedError
 from rasterflow.sources import AssetRead
@@ -560,6 +560,43 @@ def test_reads_are_started_one_task_ahead_per_running_task(files):
 # ---- faults: as source.retry and on_read_error say ----------------------------------------------------------------
 
 
+def test_the_longest_waits_name_the_slow_request_and_its_timing(files):
+    """A request the server holds for 0.6 s is the longest wait the run keeps: its href and bytes, how long the
+    decoder waited, how long the request took once it had a slot, and when it was asked; the values are GDAL's."""
+    name = "u16_zstd_pred2"
+    windows = _windows(400, 500)
+    run_id = "longest-waits"
+    with fault_server(files, faults=[Fault("stall", path=f"/{name}.tif", nth={3}, seconds=0.6)]) as server:
+        read = _read(name, f"{server.url}/{name}.tif")
+        results, _ = _read_all([read], windows, ReadPolicy(retry=FAST, run_id=run_id, io_buffer=1), ["uint16"])
+        assert server.count(f"/{name}.tif") >= 3  # the header, then rows of tiles: the third is held
+    for rows, cols in windows:
+        np.testing.assert_array_equal(results[(0, rows, cols)][0], _gdal_window(files / f"{name}.tif", rows, cols,
+                                                                               "uint16")[0])
+    io = collect(run_id)["io"]
+    waits = io["longest_waits"]
+    assert 1 <= len(waits) <= LONGEST_WAITS
+    assert [w["seconds"] for w in waits] == sorted((w["seconds"] for w in waits), reverse=True)
+    slowest = waits[0]
+    assert slowest["href"] == read.href and slowest["bytes"] > 0
+    assert 0.45 <= slowest["seconds"] <= slowest["request_seconds"] + slowest["slot_seconds"] + 0.05
+    assert slowest["request_seconds"] >= 0.6 and slowest["asked_before"] >= 0
+    assert slowest["started_ahead"] is False
+    assert all(w["seconds"] < 0.45 for w in waits[1:])
+    assert io["wait_seconds"] >= slowest["seconds"]
+
+
+def test_the_longest_waits_of_several_processes_are_merged():
+    """Each worker process keeps its own longest waits; the report keeps the longest of them all, longest first."""
+    def part(*seconds):
+        return {"io": {"wait_seconds": sum(seconds),
+                       "longest_waits": [{"href": f"h{s}", "seconds": s} for s in seconds]}}
+
+    merged = merge_io([part(0.9, 0.5, 0.2), part(1.5, 0.4, 0.3, 0.1, 0.05), {"io": {}}])
+    assert [w["seconds"] for w in merged["longest_waits"]] == [1.5, 0.9, 0.5, 0.4, 0.3]
+    assert merged["wait_seconds"] == pytest.approx(1.6 + 2.35)
+
+
 @pytest.mark.parametrize("fault, retried", [
     (Fault("truncate", path="/u16_zstd_pred2.tif", nth={2}), True),
     (Fault("bad_range", path="/u16_zstd_pred2.tif", nth={2}), True),
@@ -693,6 +730,10 @@ def test_a_run_over_http_reports_requests_headers_and_waits_and_equals_the_local
     assert answered - 5 <= io["requests"] <= answered
     assert 1 <= io["in_flight_peak"] <= 8 and peak <= 2 * 8  # per process: two worker processes
     assert io["bytes"] > 0 and io["wait_seconds"] >= 0
+    waits = io.get("longest_waits", [])  # from both worker processes, the longest first
+    assert [w["seconds"] for w in waits] == sorted((w["seconds"] for w in waits), reverse=True)
+    assert all(set(w) == {"href", "bytes", "seconds", "asked_before", "started_ahead", "first_window",
+                          "slot_seconds", "request_seconds"} and w["seconds"] <= io["wait_seconds"] for w in waits)
     assert report["reads"]["policy"]["io"]["concurrency"] == 8
     # worker processes: the writer starts a chunk's reads on the worker it sends the chunk to, before sending it
     assert io["tasks"] >= 4 and io["tasks"] // 2 <= io["tasks_ahead"] <= io["tasks"]

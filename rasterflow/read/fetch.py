@@ -39,7 +39,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from rasterflow.read.policy import record_io
@@ -103,6 +103,10 @@ class Answer:
     """A header's bytes, or the range's bytes (for an object store a view of its client's buffer)."""
     size: int | None
     parts: tuple[bytes, ...] = ()
+    slot_seconds: float = 0.0
+    """Of its last try, how long it waited for one of the ``source.io.concurrency`` slots (others in flight)."""
+    request_seconds: float = 0.0
+    """Of its last try, from taking a slot to the last byte (the round trip and the transfer)."""
 
 
 def s3_config(environ: Mapping[str, str] | None = None) -> S3Config:
@@ -318,6 +322,7 @@ class RangeClient:
 
     async def _fetch_once(self, href: str, url: str, start: int, length: int, policy: RetryPolicy, run_id: str,
                           header: bool, pieces: Sequence[tuple[int, int]] | None = None) -> Answer:
+        asked = time.perf_counter()
         async with self._limit:
             self._in_flight += 1
             in_flight = self._in_flight
@@ -333,9 +338,10 @@ class RangeClient:
                 received = length if answer.parts else len(answer.data)
             finally:
                 self._in_flight -= 1
-                record_io(run_id, requests=1, bytes=received, header_reads=int(header),
-                          request_seconds=time.perf_counter() - started, in_flight=in_flight)
-            return answer
+                took = time.perf_counter() - started
+                record_io(run_id, requests=1, bytes=received, header_reads=int(header), request_seconds=took,
+                          in_flight=in_flight)
+            return replace(answer, slot_seconds=started - asked, request_seconds=took)
 
     async def _http(self, href: str, url: str, start: int, length: int, policy: RetryPolicy,
                     header: bool, pieces: Sequence[tuple[int, int]] | None = None) -> Answer:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "ReadPolicy", "FailedRead", "ReadSummary", "set_policy", "current_policy", "record_retry", "record_failure",
+    "record_wait", "LONGEST_WAITS",
     "failed_before",
     "collect", "summarize", "check_quota", "read_monitor", "ReadMonitor", "policy_from_spec", "job_hrefs",
 ]
@@ -95,6 +96,24 @@ def record_io(run_id: str, *, in_flight: int = 0, held_peak: int = 0, **counts: 
             io["in_flight_peak"] = max(io.get("in_flight_peak", 0), in_flight)
         if held_peak:
             io["held_peak"] = max(io.get("held_peak", 0), held_peak)
+
+
+LONGEST_WAITS = 5
+"""Waits for bytes a run's report keeps one by one (the longest, across processes): enough to tell a slow file or
+request from a read asked for late, without a log of every wait."""
+
+
+def record_wait(run_id: str, wait: dict[str, Any]) -> None:
+    """Offer one wait of a compute thread for its bytes (``wait["seconds"]`` and what it waited for) to this
+    process's :data:`LONGEST_WAITS` longest of ``run_id``."""
+    with _LOCK:
+        io = _run_stats(run_id).setdefault("io", {})
+        kept: list[dict[str, Any]] = io.setdefault("longest_waits", [])
+        if len(kept) >= LONGEST_WAITS and wait["seconds"] <= kept[-1]["seconds"]:
+            return
+        kept.append(wait)
+        kept.sort(key=lambda each: -each["seconds"])
+        del kept[LONGEST_WAITS:]
 
 
 def record_retry(policy: ReadPolicy, href: str) -> None:
@@ -152,12 +171,19 @@ def collect(run_id: str) -> dict[str, Any]:
 
 
 def merge_io(parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """The I/O statistics of several processes: counters summed, the in-flight peak the largest (per process)."""
+    """The I/O statistics of several processes: counters summed, the in-flight peak the largest (per process), the
+    :data:`LONGEST_WAITS` longest waits of them all."""
     total: dict[str, Any] = {}
+    waits: list[dict[str, Any]] = []
     for part in parts:
         io = part.get("io") or {}
         for key, value in io.items():
+            if key == "longest_waits":
+                waits.extend(value)
+                continue
             total[key] = max(total.get(key, 0), value) if key in IO_PEAKS else total.get(key, 0) + value
+    if waits:
+        total["longest_waits"] = sorted(waits, key=lambda each: -each["seconds"])[:LONGEST_WAITS]
     for key in ("request_seconds", "wait_seconds", "first_wait_seconds"):
         if key in total:
             total[key] = round(float(total[key]), 3)

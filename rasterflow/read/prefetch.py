@@ -42,7 +42,7 @@ import numpy as np
 from rasterflow.read.cogheader import HEADER_BYTES, RemoteTiff, parse_header
 from rasterflow.read.datasets import check_facts, signed_href
 from rasterflow.read.fetch import Answer, RangeClient, client, supported
-from rasterflow.read.policy import ReadPolicy, collect, failed_before, record_io, record_retry
+from rasterflow.read.policy import ReadPolicy, collect, failed_before, record_io, record_retry, record_wait
 from rasterflow.read.remote import ReadFailedError
 from rasterflow.read.tiles import decoder_available, place_tile, window_tiles
 from rasterflow.sources import AssetRead, grid_offset
@@ -62,6 +62,9 @@ multi-range merging and async-tiff do): a request costs a round trip, 64 KB cost
 
 MAX_REQUEST = 16 * 1024 * 1024
 """No range request is longer: a very wide window is still fetched in pieces that arrive in parallel."""
+
+MIN_WAIT_KEPT = 0.001
+"""Waits for bytes shorter than this are counted (``wait_seconds``) but not offered to the report's longest."""
 
 MAX_HEADERS = 4096
 """Parsed headers one process keeps (least recently used dropped first): ~10 KB each for a 10980² COG in 512²
@@ -216,6 +219,10 @@ class _Fetch:
     window that needs it is decoded (a row of tiles serves the windows across it one after the other)."""
     held: int = 0
     """Bytes of this fetch the task holds (in flight or arrived, not yet dropped)."""
+    issued_at: float = 0.0
+    """``time.perf_counter()`` when it was asked of the client."""
+    issued_ahead: bool = False
+    """Asked while its task was queued (:func:`ahead`)."""
 
 
 @dataclass(eq=False)
@@ -374,6 +381,7 @@ class TaskReads:
         fetch.future = self.fetcher.submit(fetch.href, fetch.url, [(fetch.start, fetch.length)], self.policy.retry,
                                            self.policy.run_id, on_retry=_counting(self.policy, fetch.href),
                                            pieces=pieces)
+        fetch.issued_at, fetch.issued_ahead = time.perf_counter(), self.queued
         self.ahead += fetch.length
         self.holding += fetch.length
         fetch.held = fetch.length
@@ -476,6 +484,12 @@ class TaskReads:
                     record_io(self.policy.run_id, wait_seconds=seconds, first_wait_seconds=seconds)
                 else:
                     record_io(self.policy.run_id, wait_seconds=seconds)
+            if seconds >= MIN_WAIT_KEPT:
+                record_wait(self.policy.run_id, {
+                    "href": fetch.href, "bytes": fetch.length, "seconds": round(seconds, 3),
+                    "asked_before": round(waited - fetch.issued_at, 3), "started_ahead": fetch.issued_ahead,
+                    "first_window": self._at_first_window(), "slot_seconds": round(answer.slot_seconds, 3),
+                    "request_seconds": round(answer.request_seconds, 3)})
             if answer.parts:
                 self._keep(fetch, answer.parts)
             else:
