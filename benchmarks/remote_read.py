@@ -21,7 +21,8 @@ process, interleaved per round (A B C ... A B C ...):
   ``GDAL_CACHEMAX=64MB`` and GDAL's HTTP settings for COGs (``GDAL_DISABLE_READDIR_ON_OPEN=EMPTY_DIR``,
   ``GDAL_HTTP_MERGE_CONSECUTIVE_RANGES=YES``, ``GDAL_HTTP_MULTIPLEX=YES``, ``VSI_CACHE=TRUE``), as its docs advise.
 
-Printed per latency: wall, peak RSS of the process tree, the requests the server answered, the most it had in
+Printed per latency: wall, peak RSS of the process tree and the largest peak per worker of the rounds (the run
+report's, what the targets compare), the requests the server answered, the most it had in
 flight, bytes sent, the server's own CPU seconds (taken from the same 2 cores as the job), rasterflow's own counts
 (header reads, seconds its compute threads waited for bytes), the wall against the same layout's local run, and
 every result against the NumPy reference (``common.numpy_reference``).
@@ -169,7 +170,10 @@ def main() -> None:
                 local_name = "rf-local-procs" if variant.endswith("procs") else "rf-local"
                 ratio = f"{walls[variant] / walls[local_name]:.2f}x" if "remote" in variant and local_name in walls \
                     else ""
+                per_worker = max(x[0].info.get("report", {}).get("measured_peak_per_worker", {}).values() or [0]
+                                 for x in results[variant]) if variant.startswith("rf-") else 0
                 rows.append([f"{latency * 1000:.0f} ms", variant, f"{walls[variant]:.1f} s", ratio, gb(m.peak_rss),
+                             f"{per_worker / 1e6:.0f} MB" if per_worker else "-",
                              str(served.get("requests", "-")), str(served.get("in_flight_peak", "-")),
                              f"{served['bytes'] / 1e6:.0f} MB" if served.get("bytes") else "-",
                              str(io.get("header_reads", "")), f"{io['wait_seconds']:.1f} s" if io else "",
@@ -177,7 +181,8 @@ def main() -> None:
     job = "median" if args.time_chunk is None else f"mean, time in chunks of {args.time_chunk} dates (tree path),"
     print(f"\nmasked NDVI {job} {args.size}² x {args.dates} dates x 3 assets (512² ZSTD COGs), chunks 1024², "
           f"rounds {args.rounds}, bandwidth cap {args.bandwidth or 'none'}")
-    print(table(rows, ["latency", "variant", "wall", "vs local", "peak RSS", "requests", "most in flight",
+    print(table(rows, ["latency", "variant", "wall", "vs local", "peak RSS", "peak per worker", "requests",
+                       "most in flight",
                        "bytes sent", "header reads", "compute waited", "server CPU", "vs NumPy reference"]))
 
 
