@@ -78,7 +78,7 @@ def _tiles(rows: int, cols: int) -> list[dict]:
 
 
 def make_items(n_tiles: int, n_dates: int) -> list[dict]:
-    """``n_tiles`` × ``n_dates`` items, in the structure of :func:`rasterflow.sample.items._item_dict` (three
+    """``n_tiles`` × ``n_dates`` items, in the structure of :func:`rasterflow.sample.items.item_dict` (three
     assets)."""
     rows, cols = tile_layout(n_tiles)
     tiles = _tiles(rows, cols)[:n_tiles]

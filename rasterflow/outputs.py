@@ -114,7 +114,7 @@ class Existing:
         return not self.paths
 
 
-def _report_of(output_path: str) -> dict[str, Any]:
+def report_of(output_path: str) -> dict[str, Any]:
     from rasterflow.report import default_report_path
 
     from rasterflow.write.common import filesystem, is_remote
@@ -154,7 +154,7 @@ def inspect_existing(output_path: str, fmt: str, expected: Sequence[str], input_
             return Existing(existing, False, None, False,
                             f"{output_path} is not a rasterflow Zarr store (no rasterflow_fingerprint attribute)")
         return Existing(existing, True, state.fingerprint, state.complete)
-    report = _report_of(output_path)
+    report = report_of(output_path)
     listed = {str(o.get("path")): o.get("bytes") for o in report.get("outputs", []) if isinstance(o, dict)}
     fingerprint = report.get("fingerprint") if report.get("status") == "ok" else None
     foreign = [p for p in existing if p not in listed]

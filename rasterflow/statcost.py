@@ -102,7 +102,7 @@ def statistics_cost(spec: Spec, shape: PipelineShape, inputs: BudgetInputs) -> S
     """Per statistic of a list ``reduce``, or of a geomedian or best-pixel composite, its terms in the budget's
     reduce stage for the largest task; None for anything else (a single statistic: the stage table says it all)."""
     from rasterflow.budget.constants import REDUCTION_EXTRA_PLANES
-    from rasterflow.budget.paths import _n_groups, code_path, reduce_work
+    from rasterflow.budget.paths import result_periods, code_path, reduce_work
 
     reduce = spec.reduce if not isinstance(spec.reduce, list) else None
     composite = reduce is not None and reduce.method in ("geomedian", "best")
@@ -111,7 +111,7 @@ def statistics_cost(spec: Spec, shape: PipelineShape, inputs: BudgetInputs) -> S
     task, terms = _largest_task(shape, inputs)
     part = terms.part
     w = dtype_itemsize(inputs.dtype)
-    groups = _n_groups(shape, inputs)
+    groups = result_periods(shape, inputs)
     n_bands = len(shape.bands)
     group = min(inputs.group_dates or part.dates, part.dates) * terms.one  # one band's series (of a period)
     band_names = [name for name, _ in shape.bands]

@@ -63,14 +63,14 @@ def test_the_budget_and_the_graph_switch_on_one_registry():
         name = module.__name__.rsplit(".", 1)[1]
         # the budget's names are the paths' own: one definition each, importable from where they were
         assert getattr(budget_paths, stages.__name__) is stages and getattr(budget_paths, held.__name__) is held
-        assert getattr(budget, "_task_stages") is budget_paths._task_stages and PATHS[name] is module
+        assert getattr(budget, "path_task_stages") is budget_paths.path_task_stages and PATHS[name] is module
     for name in ("item_stages", "ItemTerms", "write_extra_bytes", "band_temporaries"):
         assert getattr(budget_paths, name) is getattr(common, name)
     assert budget.held_between_tasks is budget_paths.held_between_tasks
 
 
 def test_the_budgets_stages_are_the_paths(monkeypatch):
-    """``_task_stages`` and ``held_between_tasks`` dispatch through PATHS: a path's functions replaced there are
+    """``path_task_stages`` and ``held_between_tasks`` dispatch through PATHS: a path's functions replaced there are
     what the budget counts."""
     from rasterflow.expr import parse_expression
 
@@ -92,5 +92,5 @@ def test_the_budgets_stages_are_the_paths(monkeypatch):
 
     monkeypatch.setitem(PATHS, "fused", Fake())
     task = budget.task_shapes(shape, inputs)[0]
-    assert budget_paths._task_stages(shape, inputs, task, (0, 0)) == [("fake", 123, "")]
+    assert budget_paths.path_task_stages(shape, inputs, task, (0, 0)) == [("fake", 123, "")]
     assert budget_paths.held_between_tasks(shape, inputs) == 456

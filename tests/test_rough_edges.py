@@ -18,17 +18,17 @@ from conftest import spec_text
 
 
 def _invoke(*args: str, cwd: Path | None = None):
-    from rasterflow.cli import _State
+    from rasterflow.cli import ConsoleState
 
     old = os.getcwd()
-    state = (_State.debug, _State.verbosity, _State.log_format)  # global options outlive one invocation
+    state = (ConsoleState.debug, ConsoleState.verbosity, ConsoleState.log_format)  # global options outlive one invocation
     if cwd is not None:
         os.chdir(cwd)
     try:
         return CliRunner().invoke(cli, list(args))
     finally:
         os.chdir(old)
-        _State.debug, _State.verbosity, _State.log_format = state
+        ConsoleState.debug, ConsoleState.verbosity, ConsoleState.log_format = state
 
 
 def _line_of(path: Path, text: str) -> int:

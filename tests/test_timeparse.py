@@ -248,8 +248,8 @@ def test_validator_and_catalog_agree(text, now):
         return ("accepted", interval if interval is not None else (None, None))
 
     for got in (
-        catalog_side(lambda: catalog._parse_interval(text, now)),  # what search_items does
-        catalog_side(lambda: catalog._parse_interval(resolve_datetime(text, now))),  # the public wrapper first
+        catalog_side(lambda: catalog.parse_interval(text, now)),  # what search_items does
+        catalog_side(lambda: catalog.parse_interval(resolve_datetime(text, now))),  # the public wrapper first
     ):
         assert got[0] == spec[0], (text, spec, got)
         if spec[0] == "accepted":

@@ -54,7 +54,7 @@ constant set on this package (``budget.STRIP_TARGET_BYTES = ...``, as tests do) 
 from __future__ import annotations
 
 from rasterflow.budget.cogclient import (  # noqa: F401
-    _axis_chunks,
+    axis_chunks,
     client_peak_bytes,
     cog_copy_bytes,
     cog_files,
@@ -115,11 +115,11 @@ from rasterflow.budget.constants import (  # noqa: F401
     spec_gdal_cachemax,
 )
 from rasterflow.budget.messages import (  # noqa: F401
-    _assumptions,
-    _chunk_for_tasks,
-    _client_check,
-    _plane_words,
-    _tile_misalignment,
+    budget_assumptions,
+    chunk_for_tasks,
+    client_check,
+    plane_words,
+    tile_misalignment,
     enforce,
     verdict_line,
 )
@@ -131,21 +131,21 @@ from rasterflow.budget.model import (  # noqa: F401
     PipelineShape,
     StageEstimate,
     TaskShape,
-    _sizes,
+    axis_chunk_sizes,
     pipeline_shape,
 )
 from rasterflow.budget.paths import (  # noqa: F401
-    _asset_dtype,
-    _band_temporaries,
-    _block_peak,
-    _fitting_rows,
-    _largest,
-    _mask_planes,
-    _n_groups,
-    _store_blocks,
-    _task_stages,
-    _tree_partial,
-    _working_assets,
+    asset_dtype,
+    band_temporary_planes,
+    block_peak,
+    fitting_rows,
+    largest_tasks,
+    mask_planes,
+    result_periods,
+    store_blocks,
+    path_task_stages,
+    tree_partial,
+    working_asset_names,
     band_temporaries,
     code_path,
     concurrent_tasks,
@@ -161,10 +161,10 @@ from rasterflow.budget.paths import (  # noqa: F401
     write_extra_bytes,
 )
 from rasterflow.budget.solver import (  # noqa: F401
-    _largest_passing,
-    _largest_square_chunk,
-    _merge,
-    _with_items,
+    largest_passing,
+    largest_square_chunk,
+    merge_nested,
+    with_items,
     complete_patch,
     dataclasses_replace,
     fix_text,
@@ -176,8 +176,8 @@ from rasterflow.budget.verdict import (  # noqa: F401
     static_estimate,
 )
 from rasterflow.budget.workers import (  # noqa: F401
-    _concurrent_bytes,
-    _task_peak,
+    concurrent_bytes,
+    task_peak,
     baseline_bytes,
     without_gdal,
     gdal_cache_bytes,

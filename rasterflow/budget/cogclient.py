@@ -16,7 +16,7 @@ from rasterflow.budget.constants import (
     COG_INFLIGHT_PER_THREAD,
     COG_WRITER_BYTES,
 )
-from rasterflow.budget.model import BudgetInputs, PipelineShape, _sizes
+from rasterflow.budget.model import BudgetInputs, PipelineShape, axis_chunk_sizes
 from rasterflow.units import dtype_itemsize
 from rasterflow.writeplan import (
     TEMPLATE_CACHEMAX,
@@ -39,8 +39,8 @@ def cog_files(shape: PipelineShape, inputs: BudgetInputs) -> int:
     return files
 
 
-def _axis_chunks(size: int, chunk: int) -> tuple[int, ...]:
-    return tuple(length for length, count in _sizes(size, chunk) for _ in range(count))
+def axis_chunks(size: int, chunk: int) -> tuple[int, ...]:
+    return tuple(length for length, count in axis_chunk_sizes(size, chunk) for _ in range(count))
 
 
 def cog_tile_layout(shape: PipelineShape, inputs: BudgetInputs) -> TileLayout | None:
@@ -60,7 +60,7 @@ def cog_tile_layout(shape: PipelineShape, inputs: BudgetInputs) -> TileLayout | 
         return None
     codec = compression_name(shape.compression, "cog")  # the writer's own choice of codec
     return fast_layout(
-        height=height, width=width, chunks=(_axis_chunks(height, cy), _axis_chunks(width, cx)),
+        height=height, width=width, chunks=(axis_chunks(height, cy), axis_chunks(width, cx)),
         blocksize=shape.cog_blocksize, resampling=shape.cog_resampling, computed_dtype=inputs.dtype, stored=stored,
         band_names=shape.output_band_names, compression=codec, predictor="auto",
         files=cog_files(shape, inputs))

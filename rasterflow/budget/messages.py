@@ -21,7 +21,7 @@ from rasterflow.errors import BudgetExceededError
 from rasterflow.units import format_bytes
 
 
-def _client_check(shape: PipelineShape, inputs: BudgetInputs, client: int) -> str | None:
+def client_check(shape: PipelineShape, inputs: BudgetInputs, client: int) -> str | None:
     """The client's peak against what the machine has left after the local workers' limits."""
     if inputs.machine_memory is None or shape.output_format != "cog":
         return None
@@ -38,7 +38,7 @@ def _client_check(shape: PipelineShape, inputs: BudgetInputs, client: int) -> st
     )
 
 
-def _assumptions(inputs: BudgetInputs) -> tuple[str, ...]:
+def budget_assumptions(inputs: BudgetInputs) -> tuple[str, ...]:
     out = []
     if inputs.load_assumed:
         out.append(f"assets loaded as {inputs.load_dtype or inputs.dtype} (the items' data types are not read)")
@@ -57,7 +57,7 @@ def verdict_line(report: BudgetReport) -> str:
     return text
 
 
-def _tile_misalignment(inputs: BudgetInputs) -> str | None:
+def tile_misalignment(inputs: BudgetInputs) -> str | None:
     """A warning when spatial chunks cut through the source COG's internal tiles (each read decodes whole tiles)."""
     if inputs.source_tile is None:
         return None
@@ -76,12 +76,12 @@ def _tile_misalignment(inputs: BudgetInputs) -> str | None:
     )
 
 
-def _plane_words(inputs: BudgetInputs) -> str:
+def plane_words(inputs: BudgetInputs) -> str:
     cy, cx = inputs.chunk_yx
     return f"{inputs.items_per_task}×{cy}×{cx} {inputs.dtype} ({format_bytes(inputs.plane_bytes)})"
 
 
-def _chunk_for_tasks(inputs: BudgetInputs, shape: PipelineShape, target: int) -> str:
+def chunk_for_tasks(inputs: BudgetInputs, shape: PipelineShape, target: int) -> str:
     per_spatial = max(1, estimate_task_count(inputs, len(shape.bands), shape.reduce_method, shape) - 10) \
         / inputs.n_spatial_chunks
     pixels = inputs.grid_shape[0] * inputs.grid_shape[1]
@@ -114,7 +114,7 @@ def over_budget(worst: StageEstimate, inputs: BudgetInputs, *, tasks_bytes: int,
     """The refusal of a worker over ``max_fraction × memory_limit``: the worst stage and the formula."""
     return (
         f"over budget: the {worst.stage} stage holds {worst.planes:g} planes of "
-        f"{_plane_words(inputs)} = {format_bytes(worst.bytes_per_task)} per task; "
+        f"{plane_words(inputs)} = {format_bytes(worst.bytes_per_task)} per task; "
         f"{format_bytes(tasks_bytes)} for {n} task(s) at once + {format_bytes(files)} open files × {n} + "
         f"{format_bytes(cache)} GDAL cache + "
         + (f"{format_bytes(io)} remote reads (source.io.buffer and the tiles the tasks hold) + " if io else "")
@@ -141,7 +141,7 @@ def too_many_tasks(shape: PipelineShape, inputs: BudgetInputs, tasks: int) -> st
         f"about {tasks:,} tasks: above ~{MAX_TASKS:,} what this process holds per chunk (the plan's chunk "
         f"index, the tiles' windows) would take ~{format_bytes(tasks * GRAPH_BYTES_PER_TASK)} "
         f"(~{format_bytes(GRAPH_BYTES_PER_TASK)} per task; the scheduler holds only the blocks in flight); "
-        f"use larger chunks ({_chunk_for_tasks(inputs, shape, 200_000)} keeps it near 200,000)"
+        f"use larger chunks ({chunk_for_tasks(inputs, shape, 200_000)} keeps it near 200,000)"
     )
 
 
@@ -150,7 +150,7 @@ def under_used(shape: PipelineShape, inputs: BudgetInputs, total_bytes: int) -> 
     return (
         f"only {inputs.n_spatial_chunks} spatial chunks for {inputs.n_workers * inputs.threads_per_worker} "
         f"threads and {format_bytes(total_bytes)} of input: the cluster will be under-used; smaller chunks "
-        f"({_chunk_for_tasks(inputs, shape, 2_000)}) give about 2,000 tasks"
+        f"({chunk_for_tasks(inputs, shape, 2_000)}) give about 2,000 tasks"
     )
 
 

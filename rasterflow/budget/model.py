@@ -443,7 +443,7 @@ class BudgetReport:
         }
 
 
-def _sizes(total: int, chunk: int) -> list[tuple[int, int]]:
+def axis_chunk_sizes(total: int, chunk: int) -> list[tuple[int, int]]:
     """(size, how many) of the chunks along an axis of ``total`` cut every ``chunk``."""
     full, rest = divmod(total, chunk)
     out = [(chunk, full)] if full else []

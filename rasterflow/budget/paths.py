@@ -1,6 +1,6 @@
 """The budget's side of the code paths: which path a job takes and its tasks' shapes (re-exported from
 :mod:`rasterflow.budget.taskshapes`), the sub-blocks of the fused task (:func:`sub_block`), one task's stages on the
-job's path (:func:`_task_stages`) and what a worker holds between tasks (:func:`held_between_tasks`), both through
+job's path (:func:`path_task_stages`) and what a worker holds between tasks (:func:`held_between_tasks`), both through
 the one switch :data:`rasterflow.paths.PATHS`; what a worker holds for Zarr shards (:func:`held_for_shards`) and the
 task counts (:func:`estimate_task_count`).
 
@@ -20,10 +20,10 @@ import math
 from rasterflow.budget.constants import MIN_STRIP_ROWS
 from rasterflow.budget.model import BudgetInputs, PipelineShape, TaskShape
 from rasterflow.budget.taskshapes import (
-    _largest,
-    _n_groups,
-    _n_groups_with_dates,
-    _store_blocks,
+    largest_tasks,
+    result_periods,
+    result_periods_with_dates,
+    store_blocks,
     code_path,
     concurrent_tasks,
     shards_per_side,
@@ -32,12 +32,12 @@ from rasterflow.budget.taskshapes import (
 )
 from rasterflow.paths.common import (
     ItemTerms,
-    _asset_dtype,
-    _band_temporaries,
-    _bands_out,
-    _held_blocks,
-    _mask_planes,
-    _working_assets,
+    asset_dtype,
+    band_temporary_planes,
+    bands_out,
+    held_blocks,
+    mask_planes,
+    working_asset_names,
     band_temporaries,
     item_stages,
     write_extra_bytes,
@@ -45,7 +45,7 @@ from rasterflow.paths.common import (
 from rasterflow.paths.fused import fused_held, fused_stages, reduce_work
 from rasterflow.paths.registry import PATHS
 from rasterflow.paths.series import series_held, series_stages
-from rasterflow.paths.tree import _tree_partial, _tree_partials_held, tree_held, tree_stages
+from rasterflow.paths.tree import tree_partial, tree_partials_held, tree_held, tree_stages
 from rasterflow.units import dtype_itemsize
 from rasterflow.writeplan import SHARDS_IN_FLIGHT, shard_side  # noqa: F401  # stdlib only
 
@@ -57,37 +57,37 @@ __all__ = [
     "strip_target",
     "sub_blocks_across",
     "sub_block",
-    "_fitting_rows",
-    "_block_peak",
-    "_task_stages",
+    "fitting_rows",
+    "block_peak",
+    "path_task_stages",
     "ItemTerms",
     "item_stages",
     "fused_stages",
     "reduce_work",
-    "_bands_out",
+    "bands_out",
     "tree_stages",
     "series_stages",
     "write_extra_bytes",
     "units_in_flight",
-    "_working_assets",
-    "_asset_dtype",
-    "_mask_planes",
+    "working_asset_names",
+    "asset_dtype",
+    "mask_planes",
     "band_temporaries",
-    "_band_temporaries",
-    "_tree_partial",
+    "band_temporary_planes",
+    "tree_partial",
     "held_between_tasks",
     "fused_held",
-    "_held_blocks",
-    "_tree_partials_held",
+    "held_blocks",
+    "tree_partials_held",
     "tree_held",
     "series_held",
     "shards_per_side",
-    "_store_blocks",
+    "store_blocks",
     "held_for_shards",
-    "_n_groups",
-    "_n_groups_with_dates",
+    "result_periods",
+    "result_periods_with_dates",
     "concurrent_tasks",
-    "_largest",
+    "largest_tasks",
     "estimate_task_count",
 ]
 
@@ -126,19 +126,19 @@ def sub_block(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape | None
     if code_path(shape, inputs) != "fused":
         return (0, 0)
     task = task or task_shapes(shape, inputs)[0]
-    if _block_peak(shape, inputs, task, (task.rows, task.cols)) <= strip_target(inputs):
+    if block_peak(shape, inputs, task, (task.rows, task.cols)) <= strip_target(inputs):
         return (0, 0)
     tile_y, tile_x = inputs.source_tile or (0, 0)
     widths = [task.cols]
     if tile_x and tile_x < task.cols:
         widths += [k * tile_x for k in range(task.cols // tile_x, 0, -1) if k * tile_x < task.cols]
     for cols in widths:
-        rows = _fitting_rows(shape, inputs, task, cols)
+        rows = fitting_rows(shape, inputs, task, cols)
         if tile_y and rows >= tile_y:
             rows = min(task.rows, rows // tile_y * tile_y)
             return (0, 0) if (rows, cols) == (task.rows, task.cols) else (rows, cols)
     cols = tile_x if tile_x and tile_x < task.cols else task.cols
-    rows = _fitting_rows(shape, inputs, task, cols)
+    rows = fitting_rows(shape, inputs, task, cols)
     rows = max(MIN_STRIP_ROWS, math.ceil(task.rows / math.ceil(task.rows / rows)))  # equal strips
     if tile_y and rows < tile_y and inputs.one_process:
         # one process: strips no thinner than worker processes would cut (their target), up to a whole tile. Each
@@ -147,7 +147,7 @@ def sub_block(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape | None
         # (benchmarks/README.md, remote_read.py's season); the task stays within the worker processes' target.
         from rasterflow import budget
 
-        rows = max(rows, min(tile_y, _fitting_rows(shape, inputs, task, cols, budget.STRIP_TARGET_BYTES)))
+        rows = max(rows, min(tile_y, fitting_rows(shape, inputs, task, cols, budget.STRIP_TARGET_BYTES)))
         rows = math.ceil(tile_y / math.ceil(tile_y / rows))  # equal strips of a tile
     elif tile_y and rows < tile_y:
         rows = math.ceil(tile_y / math.ceil(tile_y / rows))  # equal strips of a tile
@@ -155,32 +155,32 @@ def sub_block(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape | None
         else (min(rows, task.rows), cols)
 
 
-def _fitting_rows(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, cols: int,
+def fitting_rows(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, cols: int,
                   target: int | None = None) -> int:
     """The most rows of a ``cols``-wide sub-block whose working set, apart from the whole chunk's result, fits
     ``target`` (default :func:`strip_target`; at least :data:`MIN_STRIP_ROWS`): the working set is affine in the
     rows."""
     target = strip_target(inputs) if target is None else target
-    result = _n_groups(shape, inputs) * max(1, shape.n_quantiles) * shape.result_bands * task.pixels \
+    result = result_periods(shape, inputs) * max(1, shape.n_quantiles) * shape.result_bands * task.pixels \
         * dtype_itemsize(inputs.dtype)
-    at_one = _block_peak(shape, inputs, task, (1, cols)) - result
-    per_row = max(1, _block_peak(shape, inputs, task, (2, cols)) - result - at_one)
+    at_one = block_peak(shape, inputs, task, (1, cols)) - result
+    per_row = max(1, block_peak(shape, inputs, task, (2, cols)) - result - at_one)
     return int(max(MIN_STRIP_ROWS, min(task.rows, (target - (at_one - per_row)) // per_row)))
 
 
-def _block_peak(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, block: tuple[int, int]) -> int:
+def block_peak(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, block: tuple[int, int]) -> int:
     """The reduction's peak with sub-blocks of ``block`` (the write that follows does not depend on them)."""
-    return max(nbytes for _, nbytes, _ in _task_stages(shape, inputs, task, block, writes=False))
+    return max(nbytes for _, nbytes, _ in path_task_stages(shape, inputs, task, block, writes=False))
 
 
-def _task_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape,
+def path_task_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape,
                  block: tuple[int, int] | None = None, *, writes: bool = True) -> list[tuple[str, int, str]]:
     """(stage, bytes, detail) of one task of ``task``'s shape on the job's code path, by that path's ``task_stages``
     (:data:`rasterflow.paths.PATHS`): the stages every path shares (:func:`item_stages`), then the path's own
     (:func:`fused_stages`, :func:`tree_stages`, :func:`series_stages`).
 
     A fused task reduces its chunk in sub-blocks of ``block`` (default: the job's :func:`sub_block`); ``writes``:
-    with the fused path's write stage (:func:`_block_peak` leaves it out: it does not depend on the sub-blocks)."""
+    with the fused path's write stage (:func:`block_peak` leaves it out: it does not depend on the sub-blocks)."""
     path = code_path(shape, inputs)
     if block is None:
         block = sub_block(shape, inputs) if path == "fused" else (0, 0)
@@ -204,9 +204,9 @@ def held_for_shards(shape: PipelineShape, inputs: BudgetInputs) -> int:
     if side <= 1:
         return 0
     cy, cx = inputs.chunk_yx
-    rows, cols = _store_blocks(shape, inputs)
+    rows, cols = store_blocks(shape, inputs)
     blocks = min(side, rows) * min(side, cols)
-    entries = _n_groups(shape, inputs) * max(1, shape.n_quantiles)
+    entries = result_periods(shape, inputs) * max(1, shape.n_quantiles)
     chunk_result = entries * shape.result_bands * cy * cx * dtype_itemsize(inputs.dtype)
     shard_results = blocks * chunk_result
     # the next shards' results, as far as there are next shards: a store of one shard has none (budget_accuracy.py

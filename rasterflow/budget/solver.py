@@ -44,12 +44,12 @@ def solve_fixes(shape: PipelineShape, inputs: BudgetInputs) -> tuple[Fix, ...]:
 
     if base is not inputs:
         add("keep time whole: chunks.time: -1", base, base_patch)
-    side = _largest_square_chunk(shape, base)
+    side = largest_square_chunk(shape, base)
     if side is not None:
         cy, cx = base.chunk_yx
         if side < max(cy, cx):
             candidate = dataclasses.replace(base, chunk_y=side, chunk_x=side)
-            patch = _merge(base_patch, {"chunks": {"y": side, "x": side}})
+            patch = merge_nested(base_patch, {"chunks": {"y": side, "x": side}})
             aligned = f", a multiple of the {base.source_tile[0]}-px source tiles" if base.source_tile else ""
             add(f"chunks.y = chunks.x = {side} (the largest square chunk that fits{aligned})", candidate, patch)
     cache = gdal_cache_bytes(shape, base)
@@ -57,7 +57,7 @@ def solve_fixes(shape: PipelineShape, inputs: BudgetInputs) -> tuple[Fix, ...]:
         if value < cache:
             candidate = dataclasses.replace(base, gdal_cachemax=value)
             if add(f"cluster.gdal_cachemax: {value // 10**6}MB (every block is read once: a cache cannot help)",
-                   candidate, _merge(base_patch, {"cluster": {"gdal_cachemax": f"{value // 10**6}MB"}})):
+                   candidate, merge_nested(base_patch, {"cluster": {"gdal_cachemax": f"{value // 10**6}MB"}})):
                 break
     for threads in range(base.threads_per_worker - 1, 0, -1):
         candidate = dataclasses.replace(base, threads_per_worker=threads)
@@ -66,46 +66,46 @@ def solve_fixes(shape: PipelineShape, inputs: BudgetInputs) -> tuple[Fix, ...]:
             # more workers with less memory each
             add(f"cluster.threads_per_worker: {threads} (each thread holds a working set; {base.n_workers} "
                 f"worker(s) × {format_bytes(base.memory_limit)} kept)", candidate,
-                _merge(base_patch, {"cluster": {"threads_per_worker": threads, "n_workers": base.n_workers,
+                merge_nested(base_patch, {"cluster": {"threads_per_worker": threads, "n_workers": base.n_workers,
                                                 "memory_limit": base.memory_limit}}))
             break
     if base.dtype == "float64":
         add("grid.dtype: float32 (halves every array)", dataclasses.replace(base, dtype="float32"),
-            _merge(base_patch, {"grid": {"dtype": "float32"}}))
+            merge_nested(base_patch, {"grid": {"dtype": "float32"}}))
     if not fixes:
         # no single change fits: a smaller GDAL cache together with a smaller chunk or fewer threads
         cached = next((dataclasses.replace(base, gdal_cachemax=v) for v in CACHE_CANDIDATES if v < cache), None)
         if cached is not None:
-            cache_patch = _merge(base_patch, {"cluster": {"gdal_cachemax": f"{cached.gdal_cachemax // 10**6}MB"}})
-            side = _largest_square_chunk(shape, cached)
+            cache_patch = merge_nested(base_patch, {"cluster": {"gdal_cachemax": f"{cached.gdal_cachemax // 10**6}MB"}})
+            side = largest_square_chunk(shape, cached)
             if side is not None and side < max(cached.chunk_yx):
                 add(f"cluster.gdal_cachemax: {cached.gdal_cachemax // 10**6}MB and chunks.y = chunks.x = {side}",
                     dataclasses.replace(cached, chunk_y=side, chunk_x=side),
-                    _merge(cache_patch, {"chunks": {"y": side, "x": side}}))
+                    merge_nested(cache_patch, {"chunks": {"y": side, "x": side}}))
             for threads in range(cached.threads_per_worker - 1, 0, -1):
                 if add(f"cluster.gdal_cachemax: {cached.gdal_cachemax // 10**6}MB and threads_per_worker: {threads} "
                        f"({base.n_workers} worker(s) × {format_bytes(base.memory_limit)} kept)",
                        dataclasses.replace(cached, threads_per_worker=threads),
-                       _merge(cache_patch, {"cluster": {"threads_per_worker": threads, "n_workers": base.n_workers,
+                       merge_nested(cache_patch, {"cluster": {"threads_per_worker": threads, "n_workers": base.n_workers,
                                                         "memory_limit": base.memory_limit}})):
                     break
     if not fixes and base.n_time > 1:
-        items = _largest_passing(lambda n: passes(_with_items(base, n)) is not None, base.n_time - 1)
+        items = largest_passing(lambda n: passes(with_items(base, n)) is not None, base.n_time - 1)
         if items:
             add(f"source.stac.max_items: {items} (a shorter time axis: the result then covers {items} items, not "
-                f"{base.n_time})", _with_items(base, items),
-                _merge(base_patch, {"source": {"stac": {"max_items": items}}}))
+                f"{base.n_time})", with_items(base, items),
+                merge_nested(base_patch, {"source": {"stac": {"max_items": items}}}))
     return tuple(fixes)
 
 
-def _with_items(inputs: BudgetInputs, n: int) -> BudgetInputs:
+def with_items(inputs: BudgetInputs, n: int) -> BudgetInputs:
     dates = None if inputs.n_dates is None else max(1, min(inputs.n_dates, n))
     group = None if inputs.group_dates is None else max(1, min(inputs.group_dates, n))
     return dataclasses.replace(inputs, n_time=n, n_dates=dates, group_dates=group,
                                time_source="max_items" if inputs.time_source != "search" else "search")
 
 
-def _largest_passing(fits: Any, upper: int) -> int | None:
+def largest_passing(fits: Any, upper: int) -> int | None:
     """The largest n in 1..upper with fits(n) (fits is monotone: fewer items never need more memory)."""
     if upper < 1 or not fits(1):
         return None
@@ -119,7 +119,7 @@ def _largest_passing(fits: Any, upper: int) -> int | None:
     return low
 
 
-def _largest_square_chunk(shape: PipelineShape, inputs: BudgetInputs) -> int | None:
+def largest_square_chunk(shape: PipelineShape, inputs: BudgetInputs) -> int | None:
     """The largest square spatial chunk whose estimate passes: a multiple of the source tiles when known (reads then
     decode no neighbour's tiles), else of 256 (64 below 256)."""
     height, width = inputs.grid_shape
@@ -141,13 +141,13 @@ def _largest_square_chunk(shape: PipelineShape, inputs: BudgetInputs) -> int | N
     return None
 
 
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out = {k: _merge(v, {}) if isinstance(v, dict) else v for k, v in a.items()}
+def merge_nested(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = {k: merge_nested(v, {}) if isinstance(v, dict) else v for k, v in a.items()}
     for key, value in b.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge_nested(out[key], value)
         else:
-            out[key] = _merge(value, {}) if isinstance(value, dict) else value
+            out[key] = merge_nested(value, {}) if isinstance(value, dict) else value
     return out
 
 
@@ -155,7 +155,7 @@ def complete_patch(spec: Spec, patch: dict[str, Any]) -> dict[str, Any]:
     """The sections a fix touches, complete: the spec's own values (as written, defaults left to the defaults) with
     the fix merged in, so that pasting a section over the old one changes nothing else."""
     data = spec.model_dump(mode="json", exclude_unset=True, by_alias=True)
-    return {section: _merge(data.get(section) or {}, values) for section, values in patch.items()}
+    return {section: merge_nested(data.get(section) or {}, values) for section, values in patch.items()}
 
 
 def fix_text(spec: Spec, fix: Fix) -> str:

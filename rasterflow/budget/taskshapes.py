@@ -19,7 +19,7 @@ from rasterflow.budget.constants import (
     QUEUED_UNITS,
     TILES_INFLIGHT_PER_THREAD,
 )
-from rasterflow.budget.model import BudgetInputs, PipelineShape, TaskShape, _sizes
+from rasterflow.budget.model import BudgetInputs, PipelineShape, TaskShape, axis_chunk_sizes
 from rasterflow.units import dtype_itemsize
 from rasterflow.writeplan import shard_side  # stdlib only
 
@@ -50,10 +50,10 @@ def task_shapes(shape: PipelineShape, inputs: BudgetInputs) -> tuple[TaskShape, 
         times = [(items, dates, 1)]
     else:
         most = inputs.n_time if depth is None else depth.items
-        times = [(min(size, most), size, n) for size, n in _sizes(inputs.n_time, inputs.time_per_chunk)]
+        times = [(min(size, most), size, n) for size, n in axis_chunk_sizes(inputs.n_time, inputs.time_per_chunk)]
     grow = 2 * shape.halo  # mask_cleanup reads a halo around every window (counted for the whole task)
     out = [TaskShape(rows + grow, cols + grow, items, dates, ny * nx * nt)
-           for rows, ny in _sizes(height, cy) for cols, nx in _sizes(width, cx) for items, dates, nt in times]
+           for rows, ny in axis_chunk_sizes(height, cy) for cols, nx in axis_chunk_sizes(width, cx) for items, dates, nt in times]
     return tuple(sorted(out, key=lambda t: (t.pixels * t.items, t.pixels), reverse=True))
 
 
@@ -63,7 +63,7 @@ def concurrent_tasks(shape: PipelineShape, inputs: BudgetInputs) -> int:
     return max(1, min(inputs.threads_per_worker, math.ceil(n_tasks / max(1, inputs.n_workers))))
 
 
-def _largest(shape: PipelineShape, inputs: BudgetInputs, n: int) -> list[TaskShape]:
+def largest_tasks(shape: PipelineShape, inputs: BudgetInputs, n: int) -> list[TaskShape]:
     """The ``n`` largest root tasks (one entry per task)."""
     out: list[TaskShape] = []
     for task in task_shapes(shape, inputs):
@@ -116,7 +116,7 @@ def zarr_cap(inputs: BudgetInputs) -> int:
 
 def zarr_chunk_blocks(shape: PipelineShape, inputs: BudgetInputs) -> int:
     """The blocks of one chunk the Zarr writer submits together (one unit): every band, period and quantile."""
-    return shape.result_bands * _n_groups(shape, inputs) * max(1, shape.n_quantiles)
+    return shape.result_bands * result_periods(shape, inputs) * max(1, shape.n_quantiles)
 
 
 def shards_per_side(shape: PipelineShape, inputs: BudgetInputs) -> int:
@@ -124,10 +124,10 @@ def shards_per_side(shape: PipelineShape, inputs: BudgetInputs) -> int:
     if shape.output_format != "zarr" or shape.zarr_format != 3:
         return 1
     itemsize = dtype_itemsize(shape.stored_dtype or inputs.dtype)
-    return shard_side(inputs.chunk_yx, itemsize, _store_blocks(shape, inputs), shape.zarr_shards)
+    return shard_side(inputs.chunk_yx, itemsize, store_blocks(shape, inputs), shape.zarr_shards)
 
 
-def _store_blocks(shape: PipelineShape, inputs: BudgetInputs) -> tuple[int, int]:
+def store_blocks(shape: PipelineShape, inputs: BudgetInputs) -> tuple[int, int]:
     """Chunks per axis of one output store: the grid's, or a tile's with ``output.tiling``."""
     cy, cx = inputs.chunk_yx
     height, width = inputs.grid_shape
@@ -136,15 +136,15 @@ def _store_blocks(shape: PipelineShape, inputs: BudgetInputs) -> tuple[int, int]
     return math.ceil(height / cy), math.ceil(width / cx)
 
 
-def _n_groups(shape: PipelineShape, inputs: BudgetInputs) -> int:
+def result_periods(shape: PipelineShape, inputs: BudgetInputs) -> int:
     """Periods in the result (1 without ``reduce.period``). Without the dates (the static check) one period of every
     date: the period's subset is then counted at its largest, the small per-period results at one."""
     if not shape.has_period:
         return 1
-    return inputs.n_periods or _n_groups_with_dates(inputs)
+    return inputs.n_periods or result_periods_with_dates(inputs)
 
 
-def _n_groups_with_dates(inputs: BudgetInputs) -> int:
+def result_periods_with_dates(inputs: BudgetInputs) -> int:
     """Periods that hold dates (an empty period has no partials): at most every date's own, at least the dates over
     the largest period's."""
     return math.ceil(inputs.dates / max(1, inputs.group_dates or inputs.dates))

@@ -17,9 +17,9 @@ from rasterflow.budget.constants import (
 )
 from rasterflow.budget.messages import (
     FLOAT64_WARNING,
-    _assumptions,
-    _client_check,
-    _tile_misalignment,
+    budget_assumptions,
+    client_check,
+    tile_misalignment,
     assumed_items,
     narrower_loads,
     over_budget,
@@ -31,7 +31,7 @@ from rasterflow.budget.messages import (
 )
 from rasterflow.budget.model import BudgetInputs, BudgetReport, PipelineShape
 from rasterflow.budget.paths import (
-    _largest,
+    largest_tasks,
     code_path,
     concurrent_tasks,
     estimate_task_count,
@@ -40,7 +40,7 @@ from rasterflow.budget.paths import (
     sub_block,
 )
 from rasterflow.budget.workers import (
-    _concurrent_bytes,
+    concurrent_bytes,
     baseline_bytes,
     gdal_cache_bytes,
     open_files_bytes,
@@ -54,7 +54,7 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
     stages = stage_estimates(shape, inputs)
     peak_task = max(s.bytes_per_task for s in stages)
     n = concurrent_tasks(shape, inputs)
-    tasks_bytes = _concurrent_bytes(shape, inputs, _largest(shape, inputs, n))
+    tasks_bytes = concurrent_bytes(shape, inputs, largest_tasks(shape, inputs, n))
     held = held_between_tasks(shape, inputs) + held_for_shards(shape, inputs)
     tasks_bytes += held
     files = open_files_bytes(shape, inputs)
@@ -71,7 +71,7 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
         text = over_budget(worst, inputs, tasks_bytes=tasks_bytes, n=n, files=files, cache=cache, io=io,
                            baseline=baseline, peak_worker=peak_worker, allowed=allowed)
         (warnings if on_exceed == "warn" else refusals).append(text)
-    client_text = _client_check(shape, inputs, client)
+    client_text = client_check(shape, inputs, client)
     if client_text:
         (warnings if on_exceed == "warn" else refusals).append(client_text)
     if shape.reduce_method in ORDER_STATISTICS and code_path(shape, inputs) == "tree":
@@ -86,7 +86,7 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
         warnings.append(under_used(shape, inputs, total_bytes))
     if inputs.plane_bytes < MIN_CHUNK_BYTES and inputs.n_spatial_chunks > 1 and total_bytes > SMALL_JOB_BYTES:
         warnings.append(small_chunks(inputs))
-    misaligned = _tile_misalignment(inputs)
+    misaligned = tile_misalignment(inputs)
     if misaligned:
         warnings.append(misaligned)
     if inputs.dtype == "float64":
@@ -112,7 +112,7 @@ def estimate(shape: PipelineShape, inputs: BudgetInputs, *, on_exceed: str = "er
         tasks_bytes=tasks_bytes,
         gdal_cache_bytes=cache,
         client_peak=client,
-        assumptions=_assumptions(inputs),
+        assumptions=budget_assumptions(inputs),
         held_bytes=held,
         sub_block=sub_block(shape, inputs),
         io_bytes=io,

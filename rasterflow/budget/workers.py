@@ -28,8 +28,8 @@ from rasterflow.budget.model import (
     TaskShape,
 )
 from rasterflow.budget.paths import (
-    _largest,
-    _task_stages,
+    largest_tasks,
+    path_task_stages,
     code_path,
     concurrent_tasks,
     shards_per_side,
@@ -135,21 +135,21 @@ def stage_estimates(shape: PipelineShape, inputs: BudgetInputs) -> tuple[StageEs
     largest = task_shapes(shape, inputs)[0]
     unit = max(1, inputs.plane_bytes)
     return tuple(StageEstimate(stage, round(nbytes / unit, 3), nbytes, detail)
-                 for stage, nbytes, detail in _task_stages(shape, inputs, largest))
+                 for stage, nbytes, detail in path_task_stages(shape, inputs, largest))
 
 
-def _task_peak(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape) -> int:
-    return max(nbytes for _, nbytes, _ in _task_stages(shape, inputs, task))
+def task_peak(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape) -> int:
+    return max(nbytes for _, nbytes, _ in path_task_stages(shape, inputs, task))
 
 
-def _concurrent_bytes(shape: PipelineShape, inputs: BudgetInputs, tasks: list[TaskShape]) -> int:
+def concurrent_bytes(shape: PipelineShape, inputs: BudgetInputs, tasks: list[TaskShape]) -> int:
     """The working sets of tasks running at once: the largest at its peak, each other one with its block and
     :data:`CONCURRENT_RAMP` of the rest (a task's series fill date by date, so concurrent peaks do not coincide);
     with sub-blocks, every one at its peak (:data:`SUB_BLOCK_RAMP`)."""
     ramp = SUB_BLOCK_RAMP if sub_block(shape, inputs) != (0, 0) else CONCURRENT_RAMP
     total = 0
     for index, task in enumerate(tasks):
-        stages = _task_stages(shape, inputs, task)
+        stages = path_task_stages(shape, inputs, task)
         peak = max(nbytes for _, nbytes, _ in stages)
         if index == 0:
             total += peak
@@ -188,7 +188,7 @@ def gdal_cache_bytes(shape: PipelineShape, inputs: BudgetInputs) -> int:
     share = math.ceil(n_tasks / max(1, inputs.n_workers))
     file_px = sum(inputs.load_itemsizes(len(shape.assets_loaded)))
     decoded = 0
-    for task in _largest(shape, inputs, share):
+    for task in largest_tasks(shape, inputs, share):
         rows, cols = task.rows, task.cols
         if inputs.source_tile:
             tile_y, tile_x = inputs.source_tile

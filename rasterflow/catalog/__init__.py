@@ -53,22 +53,22 @@ import json
 from datetime import datetime
 from typing import Any
 
-from rasterflow.catalog.api import DEFAULT_PAGE_SIZE, DEFAULT_TIMEOUT, _search_api
+from rasterflow.catalog.api import DEFAULT_PAGE_SIZE, DEFAULT_TIMEOUT, search_api
 from rasterflow.catalog.local import (
     SUPPORTED_SUFFIXES,
-    _filter_local,
-    _is_url,
-    _local_path,
+    filter_local,
+    is_url,
+    local_path,
     read_local_items,
 )
 from rasterflow.catalog.probe import source_header, source_tile_shape, undeclared_headers
 from rasterflow.catalog.query import (
     QUERY_OPS,
     StacQuery,
-    _bbox_intersects,
-    _item_bbox,
-    _parse_interval,
-    _sort_key,
+    bbox_intersects,
+    item_bbox,
+    parse_interval,
+    sort_key,
     item_datetime_range,
     match_query,
     query_to_cql2,
@@ -119,7 +119,7 @@ def _describe(q: StacQuery, interval_text: str | None) -> list[str]:
 def _items_extent(items: list[dict[str, Any]], collections: tuple[str, ...] | list[str] | None) -> tuple[float, float, float, float] | None:
     """The union of the items' bboxes (of the searched collections), or None when none has one."""
     boxes = [box for item in items if not collections or item.get("collection") in collections
-             for box in [_item_bbox(item)] if box is not None]
+             for box in [item_bbox(item)] if box is not None]
     if not boxes:
         return None
     return (min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes))
@@ -137,9 +137,9 @@ def _no_items_message(q: StacQuery, interval_text: str | None, local: list[dict[
     extent = _items_extent(local, q.collections) if local else None
     if extent is not None:
         lines.append(f"  the items' extent (WGS84 lon/lat): [{', '.join(f'{v:.4f}' for v in extent)}]")
-        if q.bbox is not None and not _bbox_intersects(tuple(q.bbox), extent):
+        if q.bbox is not None and not bbox_intersects(tuple(q.bbox), extent):
             west, south, east, north = q.bbox
-            swapped = _bbox_intersects((south, west, north, east), extent)
+            swapped = bbox_intersects((south, west, north, east), extent)
             lines.append("  the bbox does not meet it" + (
                 f"; the bbox looks like lat/lon: swapped, [{south}, {west}, {north}, {east}] meets it "
                 f"(write west, south, east, north: longitude first)" if swapped else ""))
@@ -171,30 +171,30 @@ def search_items(
     a STAC API per page, ``timeout`` the seconds to wait for one of its answers. Raises :class:`CatalogError` when the catalog cannot be read or searched, and
     :class:`NoItemsFoundError` (a ``CatalogError``) when nothing matched; its message repeats the search.
     """
-    interval = _parse_interval(q.datetime, now)
-    # = query._interval_text; timeparse is imported here directly (tests/test_timeparse.py::test_layering)
+    interval = parse_interval(q.datetime, now)
+    # = query.query_interval_text; timeparse is imported here directly (tests/test_timeparse.py::test_layering)
     interval_text = None if interval is None else format_interval(*interval)
     catalog = str(q.catalog).strip()
     # A local file's parsed items, filters and sort keys are acyclic: collections would only walk them (3 s of a
     # 73,000-item plan). An API search keeps the collector: its HTTP clients do make cycles.
-    with contextlib.nullcontext() if _is_url(catalog) else gc_paused():
+    with contextlib.nullcontext() if is_url(catalog) else gc_paused():
         return _search(q, interval, interval_text, catalog, page_size, timeout)
 
 
 def _search(q: StacQuery, interval: tuple[datetime | None, datetime | None] | None, interval_text: str | None,
             catalog: str, page_size: int, timeout: float) -> list[dict[str, Any]]:
     local_all: list[dict[str, Any]] | None = None
-    if _is_url(catalog):
-        items = _search_api(q, interval, page_size, timeout)
+    if is_url(catalog):
+        items = search_api(q, interval, page_size, timeout)
     else:
-        local_all = read_local_items(_local_path(catalog))
-        items = _filter_local(local_all, q, interval)
+        local_all = read_local_items(local_path(catalog))
+        items = filter_local(local_all, q, interval)
 
     # One order for both paths; max_items keeps the N most recent = the first N of (datetime desc, id desc).
     unique: dict[tuple[object, object], dict[str, Any]] = {}
     for item in items:
         unique.setdefault((item.get("collection"), item.get("id")), item)
-    items = sorted(unique.values(), key=_sort_key)
+    items = sorted(unique.values(), key=sort_key)
     if q.max_items is not None:
         items = items[-q.max_items:]
     if not items:
@@ -202,7 +202,7 @@ def _search(q: StacQuery, interval: tuple[datetime | None, datetime | None] | No
         extent = _items_extent(local_all, q.collections) if local_all else None
         # where in the spec to point: the bbox when it misses every item of the file, else the search as a whole
         error.field = ("bbox" if extent is not None and q.bbox is not None
-                       and not _bbox_intersects(tuple(q.bbox), extent) else "")
+                       and not bbox_intersects(tuple(q.bbox), extent) else "")
         raise error
     return [restore_proj_epsg(i) for i in items]
 

@@ -1,6 +1,6 @@
 """STAC API search through pystac-client: conformance checks, a POST ``/search``, one-line error reasons.
 
-``pystac_client`` (and ``cql2`` for a filter) are imported lazily, inside :func:`_search_api`.
+``pystac_client`` (and ``cql2`` for a filter) are imported lazily, inside :func:`search_api`.
 
 Every request (landing page, conformance, each page of the search, GET or POST) goes through one requests session
 whose adapter retries under the current :class:`~rasterflow.retry.RetryPolicy` (``source.retry``, made current by
@@ -20,11 +20,11 @@ from datetime import datetime
 from typing import Any
 
 from rasterflow.catalog.query import (
-    _BASIC_QUERY_OPS,
+    BASIC_QUERY_OPS,
     StacQuery,
-    _check_query,
-    _interval_text,
-    _parse_filter,
+    check_query,
+    query_interval_text,
+    parse_filter,
     query_to_cql2,
 )
 from rasterflow.errors import CatalogError
@@ -67,7 +67,7 @@ def _conforms(conforms_to: list[str], fragment: str) -> bool:
     return any(pattern.match(c) for c in conforms_to)
 
 
-def _search_api(
+def search_api(
     q: StacQuery,
     interval: tuple[datetime | None, datetime | None] | None,
     page_size: int,
@@ -81,8 +81,8 @@ def _search_api(
 
     url = q.catalog
     if q.query:
-        _check_query(q.query)
-    expr = _parse_filter(q.filter) if q.filter is not None else None
+        check_query(q.query)
+    expr = parse_filter(q.filter) if q.filter is not None else None
     policy = retry.current()
     # the policy's timeout bounds one request (a stalled answer is a timeout, retried); the caller's bounds it too
     request_timeout = min(timeout, policy.timeout) if timeout else policy.timeout
@@ -106,7 +106,7 @@ def _search_api(
     query = dict(q.query) if q.query else None
     filter_json = expr.to_json() if expr is not None else None
     if query is not None:
-        extended = any(op not in _BASIC_QUERY_OPS for ops in query.values() for op in ops)
+        extended = any(op not in BASIC_QUERY_OPS for ops in query.values() for op in ops)
         if has_query and not extended and filter_json is None:
             pass  # sent as the query extension
         elif has_filter:
@@ -118,7 +118,7 @@ def _search_api(
         elif has_query and extended:
             raise CatalogError(
                 f"the STAC API at {url} supports the query extension but not filter (CQL2), and query uses "
-                f"operators beyond {', '.join(sorted(_BASIC_QUERY_OPS))}; use only those"
+                f"operators beyond {', '.join(sorted(BASIC_QUERY_OPS))}; use only those"
             )
         elif has_query:
             pass  # with a filter the API cannot take: refused just below
@@ -143,7 +143,7 @@ def _search_api(
         "collections": list(q.collections) or None,
         "bbox": list(q.bbox) if q.bbox is not None else None,
         "intersects": dict(q.intersects) if q.intersects is not None else None,
-        "datetime": _interval_text(interval),
+        "datetime": query_interval_text(interval),
         "query": query,
         "filter": filter_json,
         "filter_lang": "cql2-json" if filter_json is not None else None,

@@ -15,11 +15,11 @@ from typing import Any
 
 from rasterflow.catalog.query import (
     StacQuery,
-    _bbox_intersects,
-    _check_query,
-    _item_bbox,
-    _matches_filter,
-    _parse_filter,
+    bbox_intersects,
+    check_query,
+    item_bbox,
+    matches_filter,
+    parse_filter,
     item_datetime_range,
     match_query,
 )
@@ -32,11 +32,11 @@ SUPPORTED_SUFFIXES = (".json", ".ndjson", ".parquet")
 """Local item files :func:`search_items` reads: ItemCollection (or list of items) JSON, NDJSON, stac-geoparquet."""
 
 
-def _is_url(catalog: str) -> bool:
+def is_url(catalog: str) -> bool:
     return bool(re.match(r"^https?://", catalog, re.IGNORECASE))
 
 
-def _local_path(catalog: str) -> Path:
+def local_path(catalog: str) -> Path:
     if catalog.lower().startswith("file://"):
         from urllib.parse import unquote, urlparse
 
@@ -127,15 +127,15 @@ def _read_ndjson(path: Path) -> list[dict[str, Any]]:
     return items
 
 
-def _filter_local(
+def filter_local(
     items: Iterable[dict[str, Any]],
     q: StacQuery,
     interval: tuple[datetime | None, datetime | None] | None,
 ) -> list[dict[str, Any]]:
     collections = set(q.collections)
     if q.query:
-        _check_query(q.query)
-    expr = _parse_filter(q.filter) if q.filter is not None else None
+        check_query(q.query)
+    expr = parse_filter(q.filter) if q.filter is not None else None
     area = None
     if q.intersects is not None:
         from shapely.geometry import shape
@@ -146,8 +146,8 @@ def _filter_local(
         if collections and item.get("collection") not in collections:
             continue
         if q.bbox is not None:
-            ib = _item_bbox(item)
-            if ib is None or not _bbox_intersects(ib, q.bbox):
+            ib = item_bbox(item)
+            if ib is None or not bbox_intersects(ib, q.bbox):
                 continue
         if area is not None and not _meets(item, area):
             continue
@@ -159,7 +159,7 @@ def _filter_local(
                 continue
         if q.query and not match_query(item, q.query):
             continue
-        if expr is not None and not _matches_filter(expr, item):
+        if expr is not None and not matches_filter(expr, item):
             continue
         out.append(item)
     return out
@@ -176,6 +176,6 @@ def _meets(item: Mapping[str, Any], area: Any) -> bool:
             return bool(shape(geometry).intersects(area))
         except Exception:  # a malformed footprint: judged by its bbox
             pass
-    bbox = _item_bbox(item)
+    bbox = item_bbox(item)
     return bbox is not None and bool(box(*bbox).intersects(area))
 

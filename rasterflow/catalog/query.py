@@ -39,7 +39,7 @@ __all__ = [
 QUERY_OPS = ("eq", "neq", "lt", "lte", "gt", "gte", "startsWith", "endsWith", "contains", "in")
 """Operators of the STAC query extension that are supported."""
 
-_BASIC_QUERY_OPS = frozenset({"eq", "neq", "lt", "lte", "gt", "gte"})  # what every query-extension API accepts
+BASIC_QUERY_OPS = frozenset({"eq", "neq", "lt", "lte", "gt", "gte"})  # what every query-extension API accepts
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def _parse_window(text: str) -> DatetimeWindow:
         raise CatalogError(f"invalid datetime {text.strip()!r}: {exc}") from None
 
 
-def _parse_interval(
+def parse_interval(
     text: str | None, now: datetime | None = None
 ) -> tuple[datetime | None, datetime | None] | None:
     """UTC ``(start, end)`` (either may be open) of a ``datetime`` value, a relative one ending at ``now``;
@@ -137,7 +137,7 @@ def _parse_interval(
         raise CatalogError(f"invalid datetime {str(text).strip()!r}: {exc}") from None
 
 
-def _interval_text(interval: tuple[datetime | None, datetime | None] | None) -> str | None:
+def query_interval_text(interval: tuple[datetime | None, datetime | None] | None) -> str | None:
     return None if interval is None else format_interval(*interval)
 
 
@@ -158,7 +158,7 @@ def item_datetime_range(item: Mapping[str, Any]) -> tuple[datetime | None, datet
 _MIN_DT = datetime.min.replace(tzinfo=UTC)
 
 
-def _sort_key(item: Mapping[str, Any]) -> tuple[datetime, str]:
+def sort_key(item: Mapping[str, Any]) -> tuple[datetime, str]:
     props = item.get("properties") or {}
     value = props.get("datetime") or props.get("start_datetime")
     try:
@@ -172,7 +172,7 @@ def _sort_key(item: Mapping[str, Any]) -> tuple[datetime, str]:
 # in-process filters
 
 
-def _item_bbox(item: Mapping[str, Any]) -> tuple[float, float, float, float] | None:
+def item_bbox(item: Mapping[str, Any]) -> tuple[float, float, float, float] | None:
     bbox = item.get("bbox")
     if bbox and len(bbox) in (4, 6):
         if len(bbox) == 6:
@@ -206,7 +206,7 @@ def _lon_ranges(west: float, east: float) -> list[tuple[float, float]]:
     return [(west, east)] if west <= east else [(west, 180.0), (-180.0, east)]
 
 
-def _bbox_intersects(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+def bbox_intersects(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
     if a[1] > b[3] or b[1] > a[3]:
         return False
     return any(
@@ -222,7 +222,7 @@ def _comparable(a: Any, b: Any) -> bool:
     return (_is_number(a) and _is_number(b)) or (isinstance(a, str) and isinstance(b, str))
 
 
-def _check_query(query: Mapping[str, Any]) -> None:
+def check_query(query: Mapping[str, Any]) -> None:
     for prop, ops in query.items():
         if not isinstance(ops, Mapping) or not ops:
             raise CatalogError(
@@ -282,7 +282,7 @@ def match_query(item: Mapping[str, Any], query: Mapping[str, Any] | None) -> boo
     """Whether ``item`` satisfies a STAC query-extension mapping (all conditions ANDed; missing = no match)."""
     if not query:
         return True
-    _check_query(query)
+    check_query(query)
     return all(_query_op(_property(item, prop), op, v) for prop, ops in query.items() for op, v in ops.items())
 
 
@@ -296,7 +296,7 @@ def query_to_cql2(query: Mapping[str, Any]) -> dict[str, Any]:
     >>> query_to_cql2({"eo:cloud_cover": {"lt": 40}})
     {'op': '<', 'args': [{'property': 'eo:cloud_cover'}, 40]}
     """
-    _check_query(query)
+    check_query(query)
     simple = {"eq": "=", "neq": "<>", "lt": "<", "lte": "<=", "gt": ">", "gte": ">="}
     args: list[dict[str, Any]] = []
     for prop, ops in query.items():
@@ -315,7 +315,7 @@ def query_to_cql2(query: Mapping[str, Any]) -> dict[str, Any]:
     return args[0] if len(args) == 1 else {"op": "and", "args": args}
 
 
-def _parse_filter(value: Mapping[str, Any] | str) -> cql2.Expr:
+def parse_filter(value: Mapping[str, Any] | str) -> cql2.Expr:
     """A ``cql2.Expr`` from cql2-text or cql2-json, or a :class:`CatalogError` saying what is wrong."""
     import cql2
 
@@ -328,7 +328,7 @@ def _parse_filter(value: Mapping[str, Any] | str) -> cql2.Expr:
         raise CatalogError(f"filter: invalid {kind} {value!r}: {exc}") from None
 
 
-def _matches_filter(expr: cql2.Expr, item: Mapping[str, Any]) -> bool:
+def matches_filter(expr: cql2.Expr, item: Mapping[str, Any]) -> bool:
     try:
         return bool(expr.matches(dict(item)))
     except Exception:  # noqa: BLE001 - e.g. "Could not reduce expression to boolean" for a property the item lacks

@@ -16,7 +16,7 @@ The package is split by job: :mod:`~rasterflow.cli.console` (printing and exit c
 from __future__ import annotations
 
 from rasterflow.cli.console import BROKEN_PIPE as BROKEN_PIPE
-from rasterflow.cli.console import _State as _State
+from rasterflow.cli.console import ConsoleState as ConsoleState
 from rasterflow.cli.group import cli as cli
 from rasterflow.cli.group import main as main
 from rasterflow.cli.check import plan as plan

@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from rasterflow.cli.console import _fail, _guarded, _State
+from rasterflow.cli.console import fail, guarded, ConsoleState
 from rasterflow.cli.group import (
-    _exclude_option,
-    _global_options,
-    _load_selected,
-    _parse_vars,
-    _select_option,
-    _specs_argument,
-    _var_option,
+    exclude_option,
+    global_options,
+    load_selected,
+    parse_vars,
+    select_option,
+    specs_argument,
+    var_option,
     cli,
 )
 from rasterflow.errors import ExitCode, RasterflowError
@@ -30,28 +30,28 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @cli.command()
-@_specs_argument
-@_var_option
-@_select_option
-@_exclude_option
-@_global_options
-@_guarded
+@specs_argument
+@var_option
+@select_option
+@exclude_option
+@global_options
+@guarded
 def validate(specs: tuple[str, ...], variables: tuple[str, ...], select: tuple[str, ...],
              exclude: tuple[str, ...]) -> int:
     """Parse and validate SPEC files (files, folders, globs) and run the static budget check (no network).
 
     Exit code: 0 all valid, 2 some invalid, 3 some over budget (the highest code of all files).
     """
-    loaded_specs, broken = _load_selected(specs, _parse_vars(variables), select, exclude)
+    loaded_specs, broken = load_selected(specs, parse_vars(variables), select, exclude)
     worst = ExitCode.OK
     for _path, err in broken:
-        _fail(str(err), error=err)
+        fail(str(err), error=err)
         worst = max(worst, err.exit_code)
     for loaded in loaded_specs:
         try:
             verdict = _static_budget_line(loaded)
         except RasterflowError as err:
-            _fail(str(err), error=err)
+            fail(str(err), error=err)
             worst = max(worst, err.exit_code)
             continue
         click.echo(f"ok   {loaded.path}{verdict}")
@@ -83,14 +83,14 @@ def _error_object(err: BaseException, spec: str | None) -> dict[str, Any]:
 
 
 @cli.command()
-@_specs_argument
+@specs_argument
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON for scripts (only JSON on stdout).")
 @click.option("--fix", is_flag=True, help="Print a corrected chunks/cluster block ready to paste.")
-@_var_option
-@_select_option
-@_exclude_option
-@_global_options
-@_guarded
+@var_option
+@select_option
+@exclude_option
+@global_options
+@guarded
 def plan(specs: tuple[str, ...], as_json: bool, fix: bool, variables: tuple[str, ...], select: tuple[str, ...],
          exclude: tuple[str, ...]) -> int:
     """Search the catalog (metadata only), resolve the grid and print the plan and memory budget.
@@ -99,11 +99,11 @@ def plan(specs: tuple[str, ...], as_json: bool, fix: bool, variables: tuple[str,
     {"spec", "error": {"type", "message", "exit_code"}}; with --fix the fixes are a "fixes" list in it.
     """
     if not as_json:
-        return _plan_text(specs, fix, _parse_vars(variables), select, exclude)
+        return _plan_text(specs, fix, parse_vars(variables), select, exclude)
     payloads: list[dict[str, Any]] = []
     worst = 0
     try:
-        loaded_specs, broken = _load_selected(specs, _parse_vars(variables), select, exclude)
+        loaded_specs, broken = load_selected(specs, parse_vars(variables), select, exclude)
     except RasterflowError as err:
         click.echo(json.dumps(_error_object(err, None), indent=2))
         return int(err.exit_code)
@@ -127,7 +127,7 @@ def plan(specs: tuple[str, ...], as_json: bool, fix: bool, variables: tuple[str,
         except BrokenPipeError:
             raise
         except Exception as err:  # JSON on stdout whatever happens
-            if _State.debug:
+            if ConsoleState.debug:
                 raise
             payloads.append(_error_object(err, str(loaded.path)))
             worst = max(worst, int(err.exit_code) if isinstance(err, RasterflowError) else 1)
@@ -139,10 +139,10 @@ def _plan_text(specs: tuple[str, ...], fix: bool, variables: dict[str, str], sel
                exclude: tuple[str, ...]) -> int:
     from rasterflow.commands import plan_command
 
-    loaded_specs, broken = _load_selected(specs, variables, select, exclude)
+    loaded_specs, broken = load_selected(specs, variables, select, exclude)
     worst = 0
     for _path, err in broken:
-        _fail(str(err), error=err)
+        fail(str(err), error=err)
         worst = max(worst, int(err.exit_code))
     for index, loaded in enumerate(loaded_specs):
         if index:
@@ -150,9 +150,9 @@ def _plan_text(specs: tuple[str, ...], fix: bool, variables: dict[str, str], sel
         try:
             result = plan_command(loaded)
         except RasterflowError as err:
-            if _State.debug:
+            if ConsoleState.debug:
                 raise
-            _fail(str(err), error=err)
+            fail(str(err), error=err)
             worst = max(worst, int(err.exit_code))
             continue
         _print_plan(loaded, result.plan)

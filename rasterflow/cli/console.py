@@ -13,29 +13,29 @@ from rasterflow.errors import ExitCode, RasterflowError, RunInterrupted
 
 
 _P = ParamSpec("_P")
-_F = TypeVar("_F", bound=Callable[..., Any])
+CommandFunction = TypeVar("CommandFunction", bound=Callable[..., Any])
 
 
 BROKEN_PIPE = 141
 """Exit code when stdout is closed early (``rasterflow plan spec.yaml | head -3``): 128 + SIGPIPE, as ``yes | head``."""
 
 
-class _State:
+class ConsoleState:
     debug = False
     verbosity = 0
     """-1 quiet, 0 normal, 1 and more verbose."""
     log_format = "text"
 
 
-def _json_logs() -> bool:
-    return _State.log_format == "json"
+def json_logs() -> bool:
+    return ConsoleState.log_format == "json"
 
 
-def _fail(message: str, spec: str | None = None, *, error: BaseException | None = None,
+def fail(message: str, spec: str | None = None, *, error: BaseException | None = None,
           exit_code: int | None = None) -> None:
     """An error line (red, stderr); in JSON log mode an ``error`` event with the structured fields of
     :func:`rasterflow.logs.error_fields` (type, exit_code, file, line, column, field, issues)."""
-    if _json_logs():
+    if json_logs():
         from rasterflow.logs import error_fields, json_event
 
         json_event("error", spec, message=message, **error_fields(error, exit_code))
@@ -43,10 +43,10 @@ def _fail(message: str, spec: str | None = None, *, error: BaseException | None 
     click.secho(message, fg="red", err=True)
 
 
-def _warn(message: str, spec: str | None = None) -> None:
-    if _State.verbosity < 0:
+def warn(message: str, spec: str | None = None) -> None:
+    if ConsoleState.verbosity < 0:
         return
-    if _json_logs():
+    if json_logs():
         from rasterflow.logs import json_event
 
         json_event("warning", spec, message=message)
@@ -54,9 +54,9 @@ def _warn(message: str, spec: str | None = None) -> None:
     click.secho(f"warning: {message}", fg="yellow", err=True)
 
 
-def _say(message: str = "", *, err: bool = False, min_verbosity: int = 0, **style: Any) -> None:
+def say(message: str = "", *, err: bool = False, min_verbosity: int = 0, **style: Any) -> None:
     """A human line (stdout unless ``err``); dropped with -q (or below ``min_verbosity``) and in JSON log mode."""
-    if _State.verbosity < min_verbosity or _json_logs():
+    if ConsoleState.verbosity < min_verbosity or json_logs():
         return
     click.secho(message, err=err, **style)
 
@@ -70,7 +70,7 @@ def _quiet_broken_pipe() -> None:
         pass
 
 
-def _guarded(func: Callable[_P, int]) -> Callable[_P, NoReturn]:
+def guarded(func: Callable[_P, int]) -> Callable[_P, NoReturn]:
     """Run a command body; map its return value and errors to the process exit code."""
 
     @functools.wraps(func)
@@ -81,20 +81,20 @@ def _guarded(func: Callable[_P, int]) -> Callable[_P, NoReturn]:
             _quiet_broken_pipe()
             code = BROKEN_PIPE
         except RasterflowError as err:
-            if _State.debug:
+            if ConsoleState.debug:
                 raise
-            _fail(str(err), error=err)
+            fail(str(err), error=err)
             code = err.exit_code
         except RunInterrupted as err:
-            _fail(f"interrupted by {err.signal_name}", error=err)
+            fail(f"interrupted by {err.signal_name}", error=err)
             code = err.exit_code
         except KeyboardInterrupt as err:
-            _fail("interrupted", error=err, exit_code=130)
+            fail("interrupted", error=err, exit_code=130)
             code = 130
         except Exception as err:  # an internal error, not the user's: say so and keep the message
-            if _State.debug:
+            if ConsoleState.debug:
                 raise
-            _fail(f"internal error: {type(err).__name__}: {err}\n(rerun with --debug for the traceback)", error=err,
+            fail(f"internal error: {type(err).__name__}: {err}\n(rerun with --debug for the traceback)", error=err,
                   exit_code=int(ExitCode.RUN_FAILED))
             code = ExitCode.RUN_FAILED
         sys.exit(int(code or 0))

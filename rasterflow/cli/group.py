@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import click
 
 from rasterflow import __version__
-from rasterflow.cli.console import _F, _State, _warn
+from rasterflow.cli.console import CommandFunction, ConsoleState, warn
 from rasterflow.errors import ExitCode, SpecError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -22,25 +22,25 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     if value:
-        _State.debug = True
+        ConsoleState.debug = True
 
 
 def _set_verbose(ctx: click.Context, param: click.Parameter, value: int) -> None:
     if value:
-        _State.verbosity = max(_State.verbosity, 0) + value
+        ConsoleState.verbosity = max(ConsoleState.verbosity, 0) + value
 
 
 def _set_quiet(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     if value:
-        _State.verbosity = -1
+        ConsoleState.verbosity = -1
 
 
 def _set_log_format(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     if value:
-        _State.log_format = value
+        ConsoleState.log_format = value
 
 
-def _global_options(func: _F) -> _F:
+def global_options(func: CommandFunction) -> CommandFunction:
     options = [
         click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug,
                      help="Show tracebacks for errors."),
@@ -56,7 +56,7 @@ def _global_options(func: _F) -> _F:
     return func
 
 
-def _parse_vars(values: tuple[str, ...]) -> dict[str, str]:
+def parse_vars(values: tuple[str, ...]) -> dict[str, str]:
     out: dict[str, str] = {}
     for value in values:
         key, sep, val = value.partition("=")
@@ -66,13 +66,13 @@ def _parse_vars(values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-_var_option = click.option("--var", "variables", multiple=True, metavar="KEY=VALUE",
+var_option = click.option("--var", "variables", multiple=True, metavar="KEY=VALUE",
                            help="Set ${KEY} in the specs (over the environment); repeatable.")
-_select_option = click.option("--select", "select", multiple=True, metavar="NAME|tag:TAG",
+select_option = click.option("--select", "select", multiple=True, metavar="NAME|tag:TAG",
                               help="Only specs with this name (glob allowed) or tag; repeatable.")
-_exclude_option = click.option("--exclude", "exclude", multiple=True, metavar="NAME|tag:TAG",
+exclude_option = click.option("--exclude", "exclude", multiple=True, metavar="NAME|tag:TAG",
                                help="Leave out specs with this name or tag; repeatable.")
-_specs_argument = click.argument("specs", nargs=-1, required=True)
+specs_argument = click.argument("specs", nargs=-1, required=True)
 
 
 class _Group(click.Group):
@@ -104,7 +104,7 @@ class _Group(click.Group):
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="rasterflow")
-@_global_options
+@global_options
 def cli() -> None:
     """rasterflow: declarative raster pipelines on Dask, checked against memory before a pixel is read."""
 
@@ -113,7 +113,7 @@ def cli() -> None:
 # loading several specs
 
 
-def _load_selected(specs: tuple[str, ...], variables: dict[str, str], select: tuple[str, ...],
+def load_selected(specs: tuple[str, ...], variables: dict[str, str], select: tuple[str, ...],
                    exclude: tuple[str, ...]) -> tuple[list[LoadedSpec], list[tuple[Path, SpecError]]]:
     """The selected loaded specs, and the specs that failed to load (and are not clearly deselected)."""
     from rasterflow.batch import expand_spec_paths, matches
@@ -124,12 +124,12 @@ def _load_selected(specs: tuple[str, ...], variables: dict[str, str], select: tu
         try:
             loaded = load_spec(path, variables=variables)
         except SpecError as err:
-            if _State.debug:
+            if ConsoleState.debug:
                 raise
             # an unreadable spec has no name or tags: judge by the file's stem, and never drop it silently
             if (select and not matches(path.stem, (), path.stem, select)) or \
                     (exclude and matches(path.stem, (), path.stem, exclude)):
-                _warn(f"{path} is not valid and was not selected: {str(err).splitlines()[0]}")
+                warn(f"{path} is not valid and was not selected: {str(err).splitlines()[0]}")
                 continue
             broken.append((path, err))
             continue

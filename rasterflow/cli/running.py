@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from rasterflow.cli.console import _F, _fail, _guarded, _json_logs, _say, _State, _warn
+from rasterflow.cli.console import CommandFunction, fail, guarded, json_logs, say, ConsoleState, warn
 from rasterflow.cli.group import (
-    _exclude_option,
-    _global_options,
-    _load_selected,
-    _parse_vars,
-    _select_option,
-    _specs_argument,
-    _var_option,
+    exclude_option,
+    global_options,
+    load_selected,
+    parse_vars,
+    select_option,
+    specs_argument,
+    var_option,
     cli,
 )
 from rasterflow.errors import SpecError, UsageError
@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # run and retry
 
 
-class _RunView:
+class RunView:
     """Renders a run's events: human lines, or JSON events (``--log-format json``)."""
 
     def __init__(self, name: str, *, dry_run: bool = False):
@@ -40,49 +40,49 @@ class _RunView:
         self.dry_run = dry_run  # the verdict is one line per spec (_dry_run_line)
 
     def emit(self, kind: str, fields: dict[str, Any]) -> None:
-        if _json_logs():
+        if json_logs():
             self._json(kind, fields)
             return
         if kind == "warning":
-            _warn(fields["message"])
+            warn(fields["message"])
         elif kind == "start":
-            _say(f"run {fields['spec']} -> {fields['output']} (if_exists: {fields['policy']})", min_verbosity=1)
+            say(f"run {fields['spec']} -> {fields['output']} (if_exists: {fields['policy']})", min_verbosity=1)
         elif kind == "plan":
-            _say(f"plan: {fields['items']} items, about {fields['tasks']:,} tasks", min_verbosity=1)
+            say(f"plan: {fields['items']} items, about {fields['tasks']:,} tasks", min_verbosity=1)
         elif kind == "dashboard":
-            _say(f"dashboard: {fields['link']}", err=True)
+            say(f"dashboard: {fields['link']}", err=True)
         elif kind == "took_over":
             holder = fields["holder"]
-            _say(f"note: took over the lock {fields['lock']} left by pid {holder.get('pid')} on {holder.get('host')} "
+            say(f"note: took over the lock {fields['lock']} left by pid {holder.get('pid')} on {holder.get('host')} "
                  f"(started {holder.get('started_at')}), which is gone", err=True)
         elif kind == "resumed":
-            _say(f"resumed: {fields['skipped']} blocks were already written and skipped, {fields['written']} "
+            say(f"resumed: {fields['skipped']} blocks were already written and skipped, {fields['written']} "
                  f"written now")
         elif kind == "up_to_date":
             from rasterflow.report import shortened
 
             outputs = shortened(list(fields["outputs"]), "outputs")
-            _say(f"up to date: {', '.join(outputs)} (same fingerprint: spec, items, rasterflow version; "
+            say(f"up to date: {', '.join(outputs)} (same fingerprint: spec, items, rasterflow version; "
                  f"nothing was rewritten)")
         elif kind == "update":
-            _say(f"update: recomputing {len(fields['recomputed'])} file(s) whose period changed, keeping "
+            say(f"update: recomputing {len(fields['recomputed'])} file(s) whose period changed, keeping "
                  f"{len(fields['kept'])} up to date")
         elif kind == "memory_plot":
-            _say(f"memory plot: {fields['path']}")
+            say(f"memory plot: {fields['path']}")
         elif kind == "sample":
-            _say(f"sample scenes: {fields['directory']} ({fields['dates']} dates, {fields['seconds']:.1f} s)")
+            say(f"sample scenes: {fields['directory']} ({fields['dates']} dates, {fields['seconds']:.1f} s)")
         elif kind == "demo_result":
             output = fields["output"]
             if fields.get("folder"):
-                _say(f"\ndemo folder: {fields['folder']} (spec, sample scenes and results)", bold=True)
-            _say(f"\nresult: {output}", bold=True)
+                say(f"\ndemo folder: {fields['folder']} (spec, sample scenes and results)", bold=True)
+            say(f"\nresult: {output}", bold=True)
             if fields["format"] == "zarr":
-                _say(f'open it: python -c "import xarray as xr; print(xr.open_zarr(\'{output}\'))"')
-                _say(f"     or: gdalinfo 'ZARR:\"{output}\":/{fields.get('band', 'ndvi')}'  (or QGIS)")
+                say(f'open it: python -c "import xarray as xr; print(xr.open_zarr(\'{output}\'))"')
+                say(f"     or: gdalinfo 'ZARR:\"{output}\":/{fields.get('band', 'ndvi')}'  (or QGIS)")
             else:
-                _say(f"open it: rio info {output}  (or QGIS)")
+                say(f"open it: rio info {output}  (or QGIS)")
             if fields.get("stac_items"):
-                _say(f"STAC items: {fields['stac_items']}")
+                say(f"STAC items: {fields['stac_items']}")
         elif kind == "done":
             self._done(fields["result"], fields.get("summary") or [])
 
@@ -90,7 +90,7 @@ class _RunView:
         if result.status == "up_to_date" or self.dry_run:
             return
         if result.exit_code == 0:
-            if _State.verbosity < 0:
+            if ConsoleState.verbosity < 0:
                 click.echo(f"ok {result.name}")
                 return
             for line in summary:
@@ -102,7 +102,7 @@ class _RunView:
         if result.status == "interrupted":
             click.secho(f"{result.name}: {result.error}", fg="red", err=True)
         else:
-            if _State.debug and result.exception is not None and result.exception.__cause__ is not None:
+            if ConsoleState.debug and result.exception is not None and result.exception.__cause__ is not None:
                 raise result.exception
             click.secho(result.error or f"{result.name}: {result.status}", fg="red", err=True)
         if result.report_path:
@@ -122,15 +122,15 @@ class _RunView:
                 entry = {**error_fields(result.exception, result.exit_code), **entry}
             json_event("done" if result.exit_code == 0 else "error", self.name, **entry)
             return
-        if kind in ("dashboard", "sample", "demo_result", "memory_plot") and _State.verbosity < 1:
+        if kind in ("dashboard", "sample", "demo_result", "memory_plot") and ConsoleState.verbosity < 1:
             return
         json_event(kind, self.name, **{("spec_path" if k == "spec" else k): v for k, v in fields.items()})
 
 
-def _progress_stream(name: str) -> TextSink | None:
-    if _State.verbosity < 0:
+def progress_sink(name: str) -> TextSink | None:
+    if ConsoleState.verbosity < 0:
         return None
-    if _json_logs():
+    if json_logs():
         from rasterflow.logs import ProgressEvents
 
         return ProgressEvents(name)
@@ -148,27 +148,27 @@ _run_options = [
 ]
 
 
-def _with_run_options(func: _F) -> _F:
+def _with_run_options(func: CommandFunction) -> CommandFunction:
     for option in reversed(_run_options):
         func = option(func)
     return func
 
 
 @cli.command()
-@_specs_argument
+@specs_argument
 @_with_run_options
 @click.option("--dry-run", is_flag=True, help="Only say, per spec, whether it would run, be skipped (up to date) "
                                               "or be refused (and why); nothing is written.")
-@_var_option
-@_select_option
-@_exclude_option
-@_global_options
-@_guarded
+@var_option
+@select_option
+@exclude_option
+@global_options
+@guarded
 def run(specs: tuple[str, ...], report_path: Path | None, plot: bool, overwrite: bool, results_path: Path | None,
         dry_run: bool, variables: tuple[str, ...], select: tuple[str, ...], exclude: tuple[str, ...]) -> int:
     """Plan, check, compute and write each SPEC (files, folders, globs); write a run report for each and one
     results file for the invocation."""
-    loaded_specs, broken = _load_selected(specs, _parse_vars(variables), select, exclude)
+    loaded_specs, broken = load_selected(specs, parse_vars(variables), select, exclude)
     if report_path and len(loaded_specs) + len(broken) > 1:
         raise UsageError("--report names one file; with several specs each report goes beside its output "
                          "(and every spec is listed in the results file)")
@@ -184,9 +184,9 @@ def run(specs: tuple[str, ...], report_path: Path | None, plot: bool, overwrite:
                    "(or $RASTERFLOW_RESULTS).")
 @click.option("--overwrite", is_flag=True, help="Recompute and replace the outputs (if_exists: overwrite).")
 @click.option("--plot", is_flag=True, help="Save a PNG of worker memory over time next to each report.")
-@_var_option
-@_global_options
-@_guarded
+@var_option
+@global_options
+@guarded
 def retry(results_path: Path | None, overwrite: bool, plot: bool, variables: tuple[str, ...]) -> int:
     """Rerun the failed, interrupted and locked specs of the last results file, with the variables and the window
     end ("now") they had; an interrupted Zarr run resumes."""
@@ -201,9 +201,9 @@ def retry(results_path: Path | None, overwrite: bool, plot: bool, variables: tup
     else:  # every invocation's own results: the specs whose latest result is failed, interrupted or locked
         entries, where = latest_retry_entries()
     if not entries:
-        _say(f"nothing to retry: no failed, interrupted or locked spec in {where}")
+        say(f"nothing to retry: no failed, interrupted or locked spec in {where}")
         return 0
-    overrides = _parse_vars(variables)
+    overrides = parse_vars(variables)
     jobs, broken = [], []
     for entry in entries:
         spec_path = Path(entry["spec"])
@@ -216,7 +216,7 @@ def retry(results_path: Path | None, overwrite: bool, plot: bool, variables: tup
             continue
         now = dt.datetime.fromisoformat(entry["now"]) if entry.get("now") else None
         jobs.append((loaded, now))
-    _say(f"retrying {len(jobs) + len(broken)} spec(s) from {where}", min_verbosity=0)
+    say(f"retrying {len(jobs) + len(broken)} spec(s) from {where}", min_verbosity=0)
     return _run_jobs(jobs, broken, report_path=None, plot=plot, overwrite=overwrite, results_path=results_path,
                      dry_run=False, command="retry")
 
@@ -233,7 +233,7 @@ def _run_jobs(jobs: list[tuple[LoadedSpec, dt.datetime | None]], broken: list[tu
     state_dir = (results_path or default_results_path()).parent
     worst = 0
     for spec_path, err in broken:
-        _fail(str(err), spec_path.stem, error=err)
+        fail(str(err), spec_path.stem, error=err)
         worst = max(worst, int(err.exit_code))
         if results is not None:
             results.add({"spec": str(spec_path), "name": None, "status": "invalid", "exit_code": int(err.exit_code),
@@ -245,9 +245,9 @@ def _run_jobs(jobs: list[tuple[LoadedSpec, dt.datetime | None]], broken: list[tu
                 break
             interrupts.deferring = False
             now = now or dt.datetime.now(dt.timezone.utc)
-            view = _RunView(loaded.spec.name, dry_run=dry_run)
+            view = RunView(loaded.spec.name, dry_run=dry_run)
             result = run_command(loaded, report_path=report_path, plot=plot, overwrite=overwrite, emit=view.emit,
-                                 progress_stream=None if dry_run else _progress_stream(loaded.spec.name),
+                                 progress_stream=None if dry_run else progress_sink(loaded.spec.name),
                                  interrupts=interrupts, state_dir=state_dir, now=now, dry_run=dry_run)
             if dry_run:
                 _dry_run_line(loaded, result)
@@ -259,7 +259,7 @@ def _run_jobs(jobs: list[tuple[LoadedSpec, dt.datetime | None]], broken: list[tu
             if result.status == "interrupted":
                 rest = [j[0].spec.name for j in jobs[index + 1:]]
                 if rest:
-                    _fail(f"not started: {', '.join(rest)} (rasterflow retry runs them)")
+                    fail(f"not started: {', '.join(rest)} (rasterflow retry runs them)")
                     if results is not None:
                         for loaded_rest, _ in jobs[index + 1:]:
                             results.add({"spec": str(loaded_rest.path), "name": loaded_rest.spec.name,
@@ -271,14 +271,14 @@ def _run_jobs(jobs: list[tuple[LoadedSpec, dt.datetime | None]], broken: list[tu
         interrupts.restore()
         if results is not None:
             results.write(finished=True)
-            _say(f"results: {results.path}", min_verbosity=1)
+            say(f"results: {results.path}", min_verbosity=1)
         if not dry_run:
             prune_state(Path(state_dir) / "run_results.json")
     return worst
 
 
 def _dry_run_line(loaded: LoadedSpec, result: RunResult) -> None:
-    if _json_logs():
+    if json_logs():
         return
     if result.status == "would_run":
         verdict = f"run     {loaded.spec.name}  -> {', '.join(result.outputs[:3])}"

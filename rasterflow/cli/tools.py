@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from rasterflow.cli.console import _fail, _guarded
-from rasterflow.cli.group import _global_options, _parse_vars, _var_option, cli
-from rasterflow.cli.running import _progress_stream, _RunView
+from rasterflow.cli.console import fail, guarded
+from rasterflow.cli.group import global_options, parse_vars, var_option, cli
+from rasterflow.cli.running import progress_sink, RunView
 from rasterflow.errors import ExitCode
 
 
@@ -21,17 +21,17 @@ from rasterflow.errors import ExitCode
 @click.option("--flamegraph", type=click.Path(path_type=Path), default=None,
               help="Write memray's HTML flame graph of the task to this path.")
 @click.option("--no-memray", is_flag=True, help="Measure with tracemalloc only.")
-@_var_option
-@_global_options
-@_guarded
+@var_option
+@global_options
+@guarded
 def profile(spec: Path, flamegraph: Path | None, no_memray: bool, variables: tuple[str, ...]) -> int:
     """Run one representative task in-process and print measured vs predicted memory."""
     from rasterflow.commands import profile_command
     from rasterflow.spec import load_spec
 
-    loaded = load_spec(spec, variables=_parse_vars(variables))
+    loaded = load_spec(spec, variables=parse_vars(variables))
     lines = profile_command(loaded, flamegraph=str(flamegraph) if flamegraph else None, use_memray=not no_memray,
-                            emit=_RunView(loaded.spec.name).emit)
+                            emit=RunView(loaded.spec.name).emit)
     for line in lines:
         click.echo(line)
     return ExitCode.OK
@@ -42,8 +42,8 @@ def profile(spec: Path, flamegraph: Path | None, no_memray: bool, variables: tup
               help="Write the schema to PATH (default schemas/rasterflow.schema.json) instead of printing it.")
 @click.option("--check", "check_path", is_flag=False, flag_value="schemas/rasterflow.schema.json", default=None,
               help="Exit 1 when the schema file at PATH is stale.")
-@_global_options
-@_guarded
+@global_options
+@guarded
 def schema(write_path: str | None, check_path: str | None) -> int:
     """Print or write the JSON Schema of the spec."""
     from rasterflow.spec.schema import schema_text
@@ -52,7 +52,7 @@ def schema(write_path: str | None, check_path: str | None) -> int:
     if check_path:
         current = Path(check_path).read_text() if Path(check_path).exists() else ""
         if current != text:
-            _fail(f"{check_path} is stale; regenerate it with: rasterflow schema --write")
+            fail(f"{check_path} is stale; regenerate it with: rasterflow schema --write")
             return ExitCode.RUN_FAILED
         click.echo(f"{check_path} is up to date")
         return ExitCode.OK
@@ -73,16 +73,16 @@ def schema(write_path: str | None, check_path: str | None) -> int:
               help="Run this spec instead of the one bundled with rasterflow (its paths are relative to it).")
 @click.option("--data", "data_dir", type=click.Path(path_type=Path), default=None,
               help="Where the sample scenes are generated (default: what the demo spec's catalog points at).")
-@_global_options
-@_guarded
+@global_options
+@guarded
 def demo(out_dir: Path | None, spec_path: Path | None, data_dir: Path | None) -> int:
     """Copy the bundled demo spec into a folder of the current directory (or --out), generate the synthetic sample
     scenes there if missing and run the demo pipeline end to end."""
     from rasterflow.commands import demo_command
     from rasterflow.signals import Interrupts
 
-    view = _RunView("demo")
+    view = RunView("demo")
     with Interrupts() as interrupts:
         result = demo_command(spec_path=spec_path, data_dir=data_dir, out_dir=out_dir, emit=view.emit,
-                              progress_stream=_progress_stream("demo"), interrupts=interrupts)
+                              progress_stream=progress_sink("demo"), interrupts=interrupts)
     return result.exit_code

@@ -8,7 +8,7 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any, Sequence
 
-from rasterflow.commands.results import Emit, PlanResult, _no_emit
+from rasterflow.commands.results import Emit, PlanResult, no_emit
 from rasterflow.errors import ExitCode
 from rasterflow.planning import JobPlan, check_items, local_layout, make_plan
 
@@ -182,7 +182,7 @@ def long_for_one_process(plan: JobPlan) -> bool:
     return plan.cost is not None and plan.cost.wall_seconds - STARTUP_SECONDS >= ONE_PROCESS_MAX_SECONDS
 
 
-def _processes_if_refused(loaded: LoadedSpec, items: list[dict[str, Any]], layout: WorkerLayout,
+def processes_if_refused(loaded: LoadedSpec, items: list[dict[str, Any]], layout: WorkerLayout,
                           plan: JobPlan) -> tuple[WorkerLayout, JobPlan]:
     """``cluster.processes: auto`` planned one process: plan worker processes when the budget refused it, or when
     the job is long (:data:`~rasterflow.cluster.ONE_PROCESS_MAX_SECONDS` of estimated compute) and fits them."""
@@ -223,7 +223,7 @@ def plan_command(loaded: LoadedSpec, *, now: dt.datetime | None = None) -> PlanR
     items = search(loaded, now)
     layout = resolve_layout(loaded.spec)
     plan = plan_with_items(loaded, items, layout)
-    layout, plan = _processes_if_refused(loaded, items, layout, plan)
+    layout, plan = processes_if_refused(loaded, items, layout, plan)
     code = ExitCode.OK if plan.report.ok else ExitCode.OVER_BUDGET
     return PlanResult(loaded=loaded, plan=plan, payload=plan_payload(loaded, plan), exit_code=int(code))
 
@@ -263,7 +263,7 @@ def profile_command(loaded: LoadedSpec, *, flamegraph: str | None = None, use_me
     the lines to show."""
     from rasterflow.profile import profile_one_task
 
-    emit = emit or _no_emit
+    emit = emit or no_emit
     plan = plan_with_items(loaded, search(loaded), local_layout(loaded.spec))
     if not plan.report.ok:
         emit("warning", {"message": "the budget check refuses this spec; profiling one task anyway"})

@@ -24,7 +24,7 @@ Emit = Callable[[str, dict[str, Any]], None]
 up_to_date, memory_plot, done."""
 
 
-def _no_emit(kind: str, fields: dict[str, Any]) -> None:
+def no_emit(kind: str, fields: dict[str, Any]) -> None:
     return None
 
 
@@ -101,7 +101,7 @@ class PlanResult:
     exit_code: int
 
 
-class _NullStream:
+class NullStream:
     """A text stream that drops what is written (no progress display)."""
 
     def write(self, text: str) -> int:

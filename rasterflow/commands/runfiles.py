@@ -25,7 +25,7 @@ def report_fingerprint(report: RunReport, job_id: str) -> None:
     report.fingerprint = job_id
 
 
-def _worker_log_path(report_file: Path | None) -> str | None:
+def worker_log_path(report_file: Path | None) -> str | None:
     if report_file is None:
         return None
     name = report_file.name
@@ -33,7 +33,7 @@ def _worker_log_path(report_file: Path | None) -> str | None:
     return str(report_file.with_name(stem + ".workers.log"))
 
 
-def _drop_if_empty(path: str | None) -> None:
+def drop_if_empty(path: str | None) -> None:
     """Remove the worker log when the workers said nothing (the usual case)."""
     try:
         if path and os.path.getsize(path) == 0:
@@ -42,7 +42,7 @@ def _drop_if_empty(path: str | None) -> None:
         pass
 
 
-def _output_exists(output_path: str, fmt: str, expected: list[str]) -> bool:
+def output_exists(output_path: str, fmt: str, expected: list[str]) -> bool:
     """Whether anything of the output is there: the output, one of its files, or a Zarr run's kept blocks."""
     from rasterflow.write.common import exists, zarr_staging_path
 
@@ -53,7 +53,7 @@ def _output_exists(output_path: str, fmt: str, expected: list[str]) -> bool:
         return True
 
 
-def _report_fallbacks(first: Path, state_dir: str | os.PathLike[str], name: str, status: str) -> list[Path]:
+def report_fallbacks(first: Path, state_dir: str | os.PathLike[str], name: str, status: str) -> list[Path]:
     """Where the report goes: ``first``, else (an unwritable output folder) ``<state_dir>/reports/``."""
     fallback = _state_report_path(state_dir, name, status)
     return [first] if Path(first).parent == fallback.parent else [first, fallback]
@@ -64,7 +64,7 @@ def _state_report_path(state_dir: str | os.PathLike[str], name: str, status: str
     return Path(state_dir) / "reports" / f"{name}-{stamp}-{os.getpid()}-{status}.report.json"
 
 
-def _report_destination(own: Path | None, state_dir: str | os.PathLike[str], name: str, *, committed: bool,
+def report_destination(own: Path | None, state_dir: str | os.PathLike[str], name: str, *, committed: bool,
                         lost_lock: bool, status: str, explicit: bool) -> Path:
     """Beside the output when this run owns it (or ``--report`` was given), else ``<state_dir>/reports/``."""
     from rasterflow.outputs import report_may_replace
@@ -76,7 +76,7 @@ def _report_destination(own: Path | None, state_dir: str | os.PathLike[str], nam
     return _state_report_path(state_dir, name, status)
 
 
-def _record_plan(report: RunReport, plan: JobPlan) -> None:
+def record_plan(report: RunReport, plan: JobPlan) -> None:
     report.grid = {"crs": plan.grid.crs, "bounds": list(plan.grid.bounds), "shape": list(plan.grid.shape),
                    "transform": list(plan.grid.transform)}
     report.chunks = dict(plan.chunks)

@@ -11,19 +11,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rasterflow import budget
-from rasterflow.commands.planjob import _processes_if_refused, fingerprint, plan_with_items, resolve_layout, search
-from rasterflow.commands.results import DEFAULT_STATE_DIR, Emit, RunResult, TextSink, _no_emit, _NullStream
+from rasterflow.commands.planjob import processes_if_refused, fingerprint, plan_with_items, resolve_layout, search
+from rasterflow.commands.results import DEFAULT_STATE_DIR, Emit, RunResult, TextSink, no_emit, NullStream
 from rasterflow.commands.runfiles import (
-    _drop_if_empty,
-    _output_exists,
-    _record_plan,
-    _report_destination,
-    _report_fallbacks,
-    _worker_log_path,
+    drop_if_empty,
+    output_exists,
+    record_plan,
+    report_destination,
+    report_fallbacks,
+    worker_log_path,
     report_fingerprint,
     timer_for,
 )
-from rasterflow.commands.update import _file_fingerprints, _update_plan
+from rasterflow.commands.update import file_fingerprints, update_plan
 from rasterflow.errors import ExitCode, OutputLocationError, RasterflowError, RunFailedError, RunInterrupted
 from rasterflow.planning import JobPlan
 from rasterflow.signals import Interrupts
@@ -68,7 +68,7 @@ def run_command(loaded: LoadedSpec, *, report_path: Path | None = None, plot: bo
     from rasterflow.outputs import decide, leftover_temp_files, render_output_path, window_of
     from rasterflow.report import RunReport, StageTimer, default_report_path
 
-    emit = emit or _no_emit
+    emit = emit or no_emit
     interrupts = interrupts or Interrupts()
     started = time.monotonic()
     # the spec is read here, before planning (the lock and the report start before the search); after
@@ -124,8 +124,8 @@ def run_command(loaded: LoadedSpec, *, report_path: Path | None = None, plot: bo
         report.item_ids = [item["id"] for item in items]
         with timer_for(report)("plan"):
             plan = plan_with_items(loaded, items, layout)
-            layout, plan = _processes_if_refused(loaded, items, layout, plan)
-        _record_plan(report, plan)
+            layout, plan = processes_if_refused(loaded, items, layout, plan)
+        record_plan(report, plan)
         for warning in plan.report.warnings:
             emit("warning", {"message": str(warning)})
         emit("plan", {"items": len(items), "tasks": plan.report.task_count,
@@ -149,12 +149,12 @@ def run_command(loaded: LoadedSpec, *, report_path: Path | None = None, plot: bo
             status, code = "would_run", int(ExitCode.OK)
             report.outputs = [{"path": p, "bytes": None} for p in expected]
         else:
-            files = (_file_fingerprints(plan, output_path)
+            files = (file_fingerprints(plan, output_path)
                      if isinstance(output, CogOutput) and plan.period_labels else {})
             kept: list[dict[str, Any]] = []
             run_plan = plan
             if policy == "update" and not existing.empty and existing.ours and files:
-                run_plan, kept = _update_plan(loaded, plan, output_path, files, layout)
+                run_plan, kept = update_plan(loaded, plan, output_path, files, layout)
                 emit("update", {"kept": [k["path"] for k in kept],
                                 "recomputed": sorted(set(files) - {k["path"] for k in kept})})
             writing = True
@@ -166,7 +166,7 @@ def run_command(loaded: LoadedSpec, *, report_path: Path | None = None, plot: bo
                               # replace only what was ours when decided; whatever appears meanwhile stays
                               replace=policy != "error" and not existing.empty, emit=emit,
                               progress_stream=progress_stream,
-                              interrupts=interrupts, counts=counts, log_path=_worker_log_path(own_report),
+                              interrupts=interrupts, counts=counts, log_path=worker_log_path(own_report),
                               # a tile done by this job is kept, unless asked to redo a complete output
                               redo_all=policy == "overwrite" and existing.complete)
             committed = True
@@ -204,14 +204,14 @@ def run_command(loaded: LoadedSpec, *, report_path: Path | None = None, plot: bo
         # beside an output that does not exist: its report goes to <state_dir>/reports/ and its lock file (and the
         # folders made for it) go
         nothing_there = (not writing and not committed and not dry_run and bool(output_path)
-                         and not write.common.is_remote(output_path) and not _output_exists(output_path, fmt,
+                         and not write.common.is_remote(output_path) and not output_exists(output_path, fmt,
                                                                                                expected))
-        report_file = _report_destination(own_report, state_dir, name, committed=committed,
+        report_file = report_destination(own_report, state_dir, name, committed=committed,
                                           lost_lock=lost_lock or nothing_there, status=report.status,
                                           explicit=report_path is not None)
         written_report: str | None = None
         if not dry_run:  # a dry run writes nothing
-            for attempt, destination in enumerate(_report_fallbacks(report_file, state_dir, name,
+            for attempt, destination in enumerate(report_fallbacks(report_file, state_dir, name,
                                                                     report.status)):
                 try:
                     report.write(destination)
@@ -239,7 +239,7 @@ def run_command(loaded: LoadedSpec, *, report_path: Path | None = None, plot: bo
                 emit("warning", {"message": f"could not draw the memory plot: {type(err).__name__}: {err}"})
         if lock is not None:
             lock.release(remove=nothing_there)
-        _drop_if_empty(_worker_log_path(own_report))
+        drop_if_empty(worker_log_path(own_report))
     outcome = RunResult(
         spec_path=str(loaded.path), name=name, status=report.status, exit_code=int(code),
         outputs=tuple(o["path"] for o in report.outputs), report_path=written_report, report=report.to_dict(),
@@ -315,7 +315,7 @@ def _execute(plan: JobPlan, output: Output, job_id: str, report: RunReport, time
             timer.on_start = sampler.mark
             with timer("graph"):
                 dataset = graph.build_dataset(plan)
-            progress = CountingProgress(label="blocks", done_word="written", stream=progress_stream or _NullStream(),
+            progress = CountingProgress(label="blocks", done_word="written", stream=progress_stream or NullStream(),
                                         interactive=None if progress_stream is not None else False)
             with timer("compute+write"), progress:
                 result = output.write(dataset, context, job_id=job_id, replace=replace, redo_all=redo_all,
@@ -372,7 +372,7 @@ def demo_command(*, spec_path: Path | None = None, data_dir: Path | None = None,
     target = Path(data_dir) if data_dir else catalog.parent
     started = time.perf_counter()
     sample = generate_sample(target)
-    emit = emit or _no_emit
+    emit = emit or no_emit
     emit("sample", {"directory": str(sample.directory), "dates": len(sample.item_ids),
                     "seconds": time.perf_counter() - started})
     result = run_command(loaded, emit=emit, **run_options)

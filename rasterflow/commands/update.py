@@ -22,7 +22,7 @@ def _items_by_period(plan: JobPlan) -> dict[str, list[dict[str, Any]]]:
             for label, group in zip(plan.period_labels, program.groups)}
 
 
-def _file_fingerprints(plan: JobPlan, output_path: str) -> dict[str, dict[str, str]]:
+def file_fingerprints(plan: JobPlan, output_path: str) -> dict[str, dict[str, str]]:
     """Per COG file of a per-period output: its period and that period's fingerprint (recorded in the report)."""
     from rasterflow.write.common import cog_entries
 
@@ -35,14 +35,14 @@ def _file_fingerprints(plan: JobPlan, output_path: str) -> dict[str, dict[str, s
     return out
 
 
-def _update_plan(loaded: LoadedSpec, plan: JobPlan, output_path: str, files: dict[str, dict[str, str]],
+def update_plan(loaded: LoadedSpec, plan: JobPlan, output_path: str, files: dict[str, dict[str, str]],
                  layout: WorkerLayout) -> tuple[JobPlan, list[dict[str, Any]]]:
     """``if_exists: update``: the plan of the periods whose files are missing or stale, and the report entries of
     the files kept. Falls back to the whole plan when the existing report does not say enough."""
-    from rasterflow.outputs import _report_of
+    from rasterflow.outputs import report_of
     from rasterflow.write.common import exists, path_size
 
-    listed = {str(o.get("path")): o for o in _report_of(output_path).get("outputs", []) if isinstance(o, dict)}
+    listed = {str(o.get("path")): o for o in report_of(output_path).get("outputs", []) if isinstance(o, dict)}
     kept, stale = [], set()
     for path, info in files.items():
         old = listed.get(path)

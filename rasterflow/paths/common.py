@@ -1,6 +1,6 @@
 """What the code paths share: the stages every task has (one item loaded, the mask, the bands: :func:`item_stages`,
-:class:`ItemTerms`), the band block the tree and the series end their band task with (:func:`_bands_out`), the
-write of a finished block (:func:`write_extra_bytes`), the blocks held between tasks (:func:`_held_blocks`); and
+:class:`ItemTerms`), the band block the tree and the series end their band task with (:func:`bands_out`), the
+write of a finished block (:func:`write_extra_bytes`), the blocks held between tasks (:func:`held_blocks`); and
 what a path's ``build`` returns (:class:`PathTasks`) with its tasks' projected memory
 (:func:`projected_task_bytes`).
 
@@ -26,7 +26,7 @@ from rasterflow.budget.constants import (
     ZARR_WRITE_PLANES,
 )
 from rasterflow.budget.model import BudgetInputs, PipelineShape, TaskShape
-from rasterflow.budget.taskshapes import _largest, _n_groups, shards_per_side, task_shapes
+from rasterflow.budget.taskshapes import largest_tasks, result_periods, shards_per_side, task_shapes
 from rasterflow.expr import Expression, parse_expression
 from rasterflow.units import dtype_itemsize
 
@@ -127,7 +127,7 @@ def item_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, blo
     series = part.dates * one  # one band's output series
     load_px = sum(inputs.load_itemsizes(n_loaded)) + inputs.coverage_assets  # bytes per item and pixel
     item = LOAD_COPIES * part.pixels * load_px  # one item's raw planes
-    n_groups = _n_groups(shape, inputs)  # every period of the output, whatever dates the chunk has
+    n_groups = result_periods(shape, inputs)  # every period of the output, whatever dates the chunk has
     result = n_groups * max(1, shape.n_quantiles) * shape.result_bands * w
     chunk_result = result * task.pixels if striped else 0  # filled strip by strip
     held = item + n_bands * series + chunk_result
@@ -141,14 +141,14 @@ def item_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, blo
     # each band written into its series. Counted as the kernel allocates (2026-12-06): a 3072² series task of 3
     # dates measured 313 MB above its start, the model then said 387 MB (6 one-date planes for the mask where the
     # kernel has 4: red, nir and NDVI's two temporaries); a float64 one-date series 1.41x its measured worker peak.
-    n_work = len(_working_assets(shape))
+    n_work = len(working_asset_names(shape))
     # with solar_day the next tile's raw planes, its working planes and the filled/take masks
     mosaic = n_work + 0.5 if shape.mosaics_passes else 0
     next_tile = item if shape.mosaics_passes else 0
     cover_plane = 1 if inputs.coverage_assets else 0  # a coverage plane's NaN addend while it is added
     base = f"one item + {n_bands} band series of {part.dates} dates" + (" + the chunk's result" if striped else "")
     if shape.mask is not None:
-        temps = mosaic + _mask_planes(shape, inputs, n_work) + cover_plane
+        temps = mosaic + mask_planes(shape, inputs, n_work) + cover_plane
         stages.append(("mask", int(held + next_tile + temps * one),
                        f"{base} + {temps:g} one-date planes (the mask and the {n_work} working asset(s))"))
     for name, expr in shape.bands:
@@ -161,26 +161,26 @@ def item_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, blo
                      n_groups=n_groups, base=base, strip_words=strip_words)
 
 
-def _working_assets(shape: PipelineShape) -> tuple[str, ...]:
+def working_asset_names(shape: PipelineShape) -> tuple[str, ...]:
     """``kernels.working_assets``: the loaded assets the bands read (each becomes a working-dtype plane per date)."""
     read = set().union(*(expr.names for _, expr in shape.bands)) if shape.bands else set()
     return tuple(a for a in shape.assets_loaded if a in read) or shape.assets_loaded
 
 
-def _asset_dtype(shape: PipelineShape, inputs: BudgetInputs, asset: str) -> str:
+def asset_dtype(shape: PipelineShape, inputs: BudgetInputs, asset: str) -> str:
     if inputs.asset_dtypes and asset in shape.assets_loaded:
         return inputs.asset_dtypes[shape.assets_loaded.index(asset)]
     return inputs.load_dtype or inputs.dtype
 
 
-def _mask_planes(shape: PipelineShape, inputs: BudgetInputs, n_work: int) -> float:
+def mask_planes(shape: PipelineShape, inputs: BudgetInputs, n_work: int) -> float:
     """One-date planes alive while the mask is applied (``kernels._drop_addend`` and ``_masked_assets``): a mask of
     one small-integer asset is a per-value table gathered with each working asset (no plane of its own); any other
     is evaluated on the raw values (its temporaries, counted as working planes) into one NaN-addend plane that stays
     while the working assets are made."""
     mask = shape.mask
     assert mask is not None
-    if len(mask.names) == 1 and _asset_dtype(shape, inputs, next(iter(mask.names))) in TABLE_DTYPES:
+    if len(mask.names) == 1 and asset_dtype(shape, inputs, next(iter(mask.names))) in TABLE_DTYPES:
         return n_work
     return max(mask.live_arrays - len(mask.names) + 1, n_work + 1)
 
@@ -194,11 +194,11 @@ def band_temporaries(expr: Expression) -> int:
     (a one-off probe: one 1536² item of tests/test_budget_measured.py's scenes): NDVI 2.0 planes (live 5 - 2 inputs - 1 into the
     series), EVI 4.0 (its peak is inside the denominator: live 7 - 3 inputs, none saved); a whole 3072² series
     task of 3 dates 313 MB above its start, 311 MB predicted."""
-    return _band_temporaries(expr.text, tuple(sorted(expr.names)), expr.live_arrays)
+    return band_temporary_planes(expr.text, tuple(sorted(expr.names)), expr.live_arrays)
 
 
 @functools.lru_cache(maxsize=256)
-def _band_temporaries(text: str, names: tuple[str, ...], live: int) -> int:
+def band_temporary_planes(text: str, names: tuple[str, ...], live: int) -> int:
     import ast
 
     whole = max(0, live - len(names))
@@ -220,7 +220,7 @@ def _band_temporaries(text: str, names: tuple[str, ...], live: int) -> int:
     return min(whole, max(left_peak, left + right_peak, left + right))
 
 
-def _bands_out(shape: PipelineShape, terms: ItemTerms) -> tuple[str, int, str]:
+def bands_out(shape: PipelineShape, terms: ItemTerms) -> tuple[str, int, str]:
     """The tree's and the series' band task ends with ``kernels.band_block`` copying the series into one
     ``(date, band, y, x)`` block, one band at a time."""
     return ("bands out", int(terms.held + terms.series), f"{terms.base} + the first band of the (date, band) block")
@@ -253,7 +253,7 @@ def write_extra_bytes(shape: PipelineShape, inputs: BudgetInputs, pixels: int) -
         + (" + the encoded copy and its mask" if encoded else "")
 
 
-def _held_blocks(shape: PipelineShape, inputs: BudgetInputs, running: int, n_held: int) -> int:
+def held_blocks(shape: PipelineShape, inputs: BudgetInputs, running: int, n_held: int) -> int:
     """The ``(date, band)`` blocks of the ``n_held`` tasks ranked after the ``running`` ones.
 
     Each thread's finished block waits while the thread runs its next task: its reduction or write is queued
@@ -264,4 +264,4 @@ def _held_blocks(shape: PipelineShape, inputs: BudgetInputs, running: int, n_hel
     1024² chunks on two threads was predicted 1.60x its measured peak counting the largest block twice more)."""
     itemsize = dtype_itemsize(inputs.dtype)
     return sum(len(shape.bands) * other.dates * other.pixels * itemsize
-               for other in _largest(shape, inputs, running + n_held)[running:])
+               for other in largest_tasks(shape, inputs, running + n_held)[running:])

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from rasterflow.budget.constants import COG_RESULT_WAITING, REDUCTION_EXTRA_PLANES
 from rasterflow.budget.model import BudgetInputs, PipelineShape, TaskShape
-from rasterflow.budget.taskshapes import _n_groups, concurrent_tasks, shards_per_side, task_shapes, units_in_flight
+from rasterflow.budget.taskshapes import result_periods, concurrent_tasks, shards_per_side, task_shapes, units_in_flight
 from rasterflow.paths.common import (
     ItemTerms,
     PathTasks,
@@ -100,7 +100,7 @@ def fused_held(shape: PipelineShape, inputs: BudgetInputs) -> int:
         return 0
     task = task_shapes(shape, inputs)[0]
     one = task.pixels * dtype_itemsize(inputs.dtype)
-    n_groups = _n_groups(shape, inputs)
+    n_groups = result_periods(shape, inputs)
     # a finished chunk's result waits for its write tasks while the thread that made it runs its next reduction:
     # the worker starts the next task it has before the scheduler has sent the writes. With a COG whose tiles
     # the workers make, a 3-band 1536² median on 2 threads held 4 results (managed 113 MB) while two tile tasks

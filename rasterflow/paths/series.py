@@ -14,8 +14,8 @@ from rasterflow.budget.taskshapes import concurrent_tasks
 from rasterflow.paths.common import (
     ItemTerms,
     PathTasks,
-    _bands_out,
-    _held_blocks,
+    bands_out,
+    held_blocks,
     item_stages,
     projected_task_bytes,
     time_chunks,
@@ -33,7 +33,7 @@ def series_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape,
                   terms: ItemTerms) -> list[tuple[str, int, str]]:
     """The series (no reduction): the band task (the shared stages and the band block), then the block held while
     its dates are written (:func:`write_extra_bytes` when a COG's tiles cost more than two one-date planes)."""
-    stages = list(terms.stages) + [_bands_out(shape, terms)]
+    stages = list(terms.stages) + [bands_out(shape, terms)]
     one, n_bands = terms.one, len(shape.bands)
     block_out = n_bands * terms.series
     extra_write, words = write_extra_bytes(shape, inputs, task.pixels)
@@ -60,7 +60,7 @@ def series_held(shape: PipelineShape, inputs: BudgetInputs) -> int:
     # writes, queued behind its band tasks (2 threads, 4 time chunks of 1024²: 271 MB measured where one held block
     # per thread predicted 242 MB, 0.89, budget_accuracy.py row 19, 2026-12-06); at most two per thread (what was
     # measured: deeper units, more time chunks than that, were not)
-    return _held_blocks(shape, inputs, running, max(running, min(inputs.n_time_chunks, 2 * running)))
+    return held_blocks(shape, inputs, running, max(running, min(inputs.n_time_chunks, 2 * running)))
 
 
 #: What a worker holds between this path's tasks (the registry's name: :data:`rasterflow.paths.PATHS`).

@@ -20,12 +20,12 @@ from rasterflow.budget.constants import (
     TREE_SPLIT_EVERY,
 )
 from rasterflow.budget.model import BudgetInputs, PipelineShape, TaskShape
-from rasterflow.budget.taskshapes import _n_groups_with_dates, concurrent_tasks, task_shapes
+from rasterflow.budget.taskshapes import result_periods_with_dates, concurrent_tasks, task_shapes
 from rasterflow.paths.common import (
     ItemTerms,
     PathTasks,
-    _bands_out,
-    _held_blocks,
+    bands_out,
+    held_blocks,
     item_stages,
     projected_task_bytes,
     time_chunks,
@@ -46,12 +46,12 @@ def tree_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape,
     """The tree (:func:`_tree_reduce`): the band task (the shared stages and the band block), then per band one
     task of partials (``tasks.tree_partials``: :data:`TREE_CHUNK_EXTRA_PLANES` working copies, std's
     :data:`STD_PARTIAL_PLANES`), then the combination of :data:`TREE_SPLIT_EVERY` partials at a time."""
-    stages = list(terms.stages) + [_bands_out(shape, terms)]
+    stages = list(terms.stages) + [bands_out(shape, terms)]
     one, series = terms.one, terms.series
     n_bands, w = len(shape.bands), dtype_itemsize(inputs.dtype)
     block_out = n_bands * series
     method = shape.reduce_method or ""
-    partial = _tree_partial(shape, inputs, task)
+    partial = tree_partial(shape, inputs, task)
     subset = series if shape.has_period else 0  # the period's dates are taken (copied) from the block
     copies = TREE_CHUNK_EXTRA_PLANES[method](w) if method in TREE_CHUNK_EXTRA_PLANES else \
         REDUCTION_EXTRA_PLANES.get(method, 1.0)
@@ -65,7 +65,7 @@ def tree_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape,
     return stages
 
 
-def _tree_partial(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape) -> float:
+def tree_partial(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape) -> float:
     """One band's partial of one time chunk (median/quantile are refused here: counted as a copy of the series)."""
     w = dtype_itemsize(inputs.dtype)
     one = task.pixels * w
@@ -73,18 +73,18 @@ def _tree_partial(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape) -
     return TREE_PARTIAL_PLANES[method](w) * one if method in TREE_PARTIAL_PLANES else task.dates * one
 
 
-def _tree_partials_held(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, own: bool) -> int:
+def tree_partials_held(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape, own: bool) -> int:
     """Partials of every time chunk of a spatial chunk, every band (``own``: the running task's counted too); with
     periods a time chunk holds a partial per period it touches (tasks.tree_partials; the period's dates are copied
     out of the block inside the task, counted there)."""
     partials = inputs.n_time_chunks
     if shape.has_period:
         group = min(inputs.group_dates or task.dates, inputs.n_time)
-        partials = _n_groups_with_dates(inputs) * min(inputs.n_time_chunks,
+        partials = result_periods_with_dates(inputs) * min(inputs.n_time_chunks,
                                                       math.ceil(group / inputs.time_per_chunk) + 1)
     if not own:
         partials = max(0, partials - 1)
-    return int(partials * len(shape.bands) * _tree_partial(shape, inputs, task))
+    return int(partials * len(shape.bands) * tree_partial(shape, inputs, task))
 
 
 def tree_held(shape: PipelineShape, inputs: BudgetInputs) -> int:
@@ -98,8 +98,8 @@ def tree_held(shape: PipelineShape, inputs: BudgetInputs) -> int:
         # Measured 2026-12-06 (tests/test_budget_measured.py, one 3072² chunk, one thread): mean over 2 and 3 time
         # chunks 509 MB and 545 MB where a block and every partial held predicted 788 MB and 741 MB (1.55, 1.36);
         # std over 2 time chunks 893 MB (predicted 1118 MB, now 854 MB)
-        return _tree_partials_held(shape, inputs, task, own=False)
-    return _held_blocks(shape, inputs, running, running) + _tree_partials_held(shape, inputs, task, own=True)
+        return tree_partials_held(shape, inputs, task, own=False)
+    return held_blocks(shape, inputs, running, running) + tree_partials_held(shape, inputs, task, own=True)
 
 
 #: What a worker holds between this path's tasks (the registry's name: :data:`rasterflow.paths.PATHS`).

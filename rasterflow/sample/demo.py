@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rasterflow.sample.files import _write_text
+from rasterflow.sample.files import write_text
 
 __all__ = ["DEMO_FOLDER", "demo_spec_text", "write_demo_spec"]
 
@@ -30,5 +30,5 @@ def write_demo_spec(folder: str | os.PathLike[str]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     spec = folder / "demo.yaml"
     if not spec.exists():
-        _write_text(spec, demo_spec_text())
+        write_text(spec, demo_spec_text())
     return spec

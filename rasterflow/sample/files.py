@@ -26,7 +26,7 @@ from rasterflow.sample.grid import (
     X0,
     Y0,
     SampleParams,
-    _item_plan,
+    item_plan,
 )
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class SampleCatalog:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _locked(directory: Path) -> FileLock:
+def sample_lock(directory: Path) -> FileLock:
     """An exclusive lock on ``directory/.sample.lock`` (an OS lock: ``flock`` on POSIX), to use as ``with``.
 
     Concurrent generations in one directory, from threads or processes, run one after the other; the lock is waited
@@ -101,7 +101,7 @@ def _four(values: list[Any]) -> tuple[float, float, float, float]:
     return a, b, c, d
 
 
-def _catalog_from_manifest(directory: Path, manifest: dict[str, Any]) -> SampleCatalog:
+def catalog_from_manifest(directory: Path, manifest: dict[str, Any]) -> SampleCatalog:
     return SampleCatalog(
         directory=directory,
         items_json=directory / "items.json",
@@ -114,25 +114,25 @@ def _catalog_from_manifest(directory: Path, manifest: dict[str, Any]) -> SampleC
     )
 
 
-def _load_if_complete(directory: Path, params: SampleParams) -> SampleCatalog | None:
+def load_if_complete(directory: Path, params: SampleParams) -> SampleCatalog | None:
     manifest = _read_manifest(directory)
     if manifest is None or manifest.get("params") != params or manifest.get("directory") != str(directory):
         return None
     try:
         if not all(p.is_file() and p.stat().st_size > 0 for p in _manifest_files(directory, manifest)):
             return None
-        return _catalog_from_manifest(directory, manifest)
+        return catalog_from_manifest(directory, manifest)
     except (KeyError, TypeError, ValueError):
         return None
 
 
-def _remove_previous(directory: Path, params: SampleParams) -> None:
+def remove_previous(directory: Path, params: SampleParams) -> None:
     """Remove the manifest first (an interrupted run is then incomplete), then the previous sample's files."""
     manifest = _read_manifest(directory)
     with contextlib.suppress(FileNotFoundError):
         (directory / MANIFEST).unlink()
     old_ids = manifest.get("item_ids", []) if manifest else []
-    new_ids = [item_id for item_id, *_ in _item_plan(params)]
+    new_ids = [item_id for item_id, *_ in item_plan(params)]
     for item_id in {*old_ids, *new_ids}:
         if isinstance(item_id, str) and item_id and "/" not in item_id and not item_id.startswith("."):
             shutil.rmtree(directory / item_id, ignore_errors=True)
@@ -146,7 +146,7 @@ def _remove_previous(directory: Path, params: SampleParams) -> None:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _cog_compression() -> str:
+def cog_compression() -> str:
     """ZSTD when this GDAL has it, else DEFLATE."""
     import rasterio
     from rasterio.io import MemoryFile
@@ -167,7 +167,7 @@ def _cog_compression() -> str:
         return "DEFLATE"
 
 
-def _write_cog(path: Path, data: npt.NDArray[np.uint8 | np.uint16], transform: Affine, blocksize: int, compress: str, resampling: str,
+def write_cog(path: Path, data: npt.NDArray[np.uint8 | np.uint16], transform: Affine, blocksize: int, compress: str, resampling: str,
                description: str) -> None:
     import rasterio
 
@@ -193,13 +193,13 @@ def _write_cog(path: Path, data: npt.NDArray[np.uint8 | np.uint16], transform: A
         ds.set_band_description(1, description)
 
 
-def _writer_threads() -> int:
+def writer_threads() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
-def _write_text(path: Path, text: str) -> None:
+def write_text(path: Path, text: str) -> None:
     write_text_atomic(path, text, fsync=False)
 
 
-def _write_json(path: Path, obj: object, indent: int | None = None) -> None:
-    _write_text(path, json.dumps(obj, indent=indent) + "\n")
+def write_json(path: Path, obj: object, indent: int | None = None) -> None:
+    write_text(path, json.dumps(obj, indent=indent) + "\n")

@@ -14,15 +14,15 @@ from typing import Any
 from rasterflow.sample.files import (
     MANIFEST,
     SampleCatalog,
-    _catalog_from_manifest,
-    _cog_compression,
-    _load_if_complete,
-    _locked,
-    _remove_previous,
-    _write_cog,
-    _write_json,
-    _write_text,
-    _writer_threads,
+    catalog_from_manifest,
+    cog_compression,
+    load_if_complete,
+    sample_lock,
+    remove_previous,
+    write_cog,
+    write_json,
+    write_text,
+    writer_threads,
 )
 from rasterflow.sample.grid import (
     ASSETS,
@@ -33,19 +33,19 @@ from rasterflow.sample.grid import (
     X0,
     Y0,
     SampleParams,
-    _check_params,
-    _has_swath_edge,
-    _item_plan,
-    _tile_bounds,
+    check_params,
+    has_swath_edge,
+    item_plan,
+    tile_bounds,
 )
 from rasterflow.sample.items import (
-    _collection_dict,
-    _footprint,
-    _item_dict,
-    _statistics,
-    _to_wgs84,
+    collection_dict,
+    tile_footprint,
+    item_dict,
+    scl_statistics,
+    ring_to_wgs84,
 )
-from rasterflow.sample.scene import _cloud_schedule, _make_tile, _render
+from rasterflow.sample.scene import cloud_schedule, make_tile, render_tile
 
 __all__ = ["generate_sample"]
 
@@ -86,17 +86,17 @@ def generate_sample(
         Public Sentinel-2 COGs are DEFLATE; the decoder a reader keeps per open file differs (ZSTD ~0.84 MB,
         DEFLATE ~0.27 MB after one 512² tile, measured; benchmarks/README.md).
     """
-    params = _check_params(size, n_dates, tiles, start, every_days, seed, blocksize)
+    params = check_params(size, n_dates, tiles, start, every_days, seed, blocksize)
     if compress is not None:  # in the manifest only when chosen, so samples made before the option still match
         params["compress"] = str(compress).upper()
     directory = Path(directory).expanduser().resolve()
     directory.mkdir(parents=True, exist_ok=True)
-    with _locked(directory):
+    with sample_lock(directory):
         if not overwrite:
-            existing = _load_if_complete(directory, params)
+            existing = load_if_complete(directory, params)
             if existing is not None:
                 return existing
-        _remove_previous(directory, params)
+        remove_previous(directory, params)
         return _generate(directory, params)
 
 
@@ -107,9 +107,9 @@ def _generate(directory: Path, params: SampleParams) -> SampleCatalog:
     to_wgs84 = Transformer.from_crs(EPSG, 4326, always_xy=True)
     size, blocksize = params["size"], params["blocksize"]
     rows, cols = params["tiles"]
-    compress = params.get("compress") or _cog_compression()
-    schedule = _cloud_schedule(params)
-    plan = _item_plan(params)
+    compress = params.get("compress") or cog_compression()
+    schedule = cloud_schedule(params)
+    plan = item_plan(params)
     collection_href = str(directory / "collection.json")
 
     items: dict[str, dict[str, Any]] = {}
@@ -117,34 +117,34 @@ def _generate(directory: Path, params: SampleParams) -> SampleCatalog:
     # GDAL compresses and writes with the GIL released: the COG writes of one date overlap the rendering of the
     # next. At most two dates' arrays are queued, so memory stays bounded.
     pending: list[Future[None]] = []
-    with ThreadPoolExecutor(max_workers=_writer_threads(), thread_name_prefix="sample-cog") as pool:
+    with ThreadPoolExecutor(max_workers=writer_threads(), thread_name_prefix="sample-cog") as pool:
         for r in range(rows):
             for c in range(cols):
-                tile = _make_tile(params, r, c)
-                minx, miny, maxx, maxy = _tile_bounds(params, r, c)
+                tile = make_tile(params, r, c)
+                minx, miny, maxx, maxy = tile_bounds(params, r, c)
                 transform = Affine(RESOLUTION, 0.0, minx, 0.0, -RESOLUTION, maxy)
                 proj_transform = [float(v) for v in tuple(transform)[:6]]
-                _, full_bbox = _to_wgs84(to_wgs84, _footprint(params, r, c, cut=False))
+                _, full_bbox = ring_to_wgs84(to_wgs84, tile_footprint(params, r, c, cut=False))
                 tile_bboxes.append(full_bbox)
                 for item_id, d, date, tr, tc, mgrs in plan:
                     if (tr, tc) != (r, c):
                         continue
-                    dn, scl = _render(params, tile, d, schedule[d])
-                    cut = _has_swath_edge(d) and bool((scl == 0).any())
+                    dn, scl = render_tile(params, tile, d, schedule[d])
+                    cut = has_swath_edge(d) and bool((scl == 0).any())
                     item_dir = directory / item_id
                     item_dir.mkdir(parents=True, exist_ok=True)
                     while len(pending) > 2 * len(ASSETS):
                         pending.pop(0).result()
                     for i, key in enumerate(REFLECTANCE_ASSETS):
-                        pending.append(pool.submit(_write_cog, item_dir / f"{key}.tif", dn[i], transform, blocksize,
+                        pending.append(pool.submit(write_cog, item_dir / f"{key}.tif", dn[i], transform, blocksize,
                                                    compress, "AVERAGE", ASSETS[key][0]))
-                    pending.append(pool.submit(_write_cog, item_dir / "scl.tif", scl, transform, blocksize,
+                    pending.append(pool.submit(write_cog, item_dir / "scl.tif", scl, transform, blocksize,
                                                compress, "NEAREST", "SCL"))
-                    geometry, bbox = _to_wgs84(to_wgs84, _footprint(params, r, c, cut=cut))
-                    items[item_id] = _item_dict(
+                    geometry, bbox = ring_to_wgs84(to_wgs84, tile_footprint(params, r, c, cut=cut))
+                    items[item_id] = item_dict(
                         item_id=item_id, date=date, date_index=d, mgrs=mgrs, geometry=geometry, bbox=bbox,
                         bounds=(minx, miny, maxx, maxy), transform=proj_transform, size=size, item_dir=item_dir,
-                        stats=_statistics(scl), collection_href=collection_href,
+                        stats=scl_statistics(scl), collection_href=collection_href,
                     )
                     del dn, scl
                 del tile
@@ -160,10 +160,10 @@ def _generate(directory: Path, params: SampleParams) -> SampleCatalog:
     )
     bounds = (X0, Y0 - rows * size * RESOLUTION, X0 + cols * size * RESOLUTION, Y0)
 
-    _write_json(directory / "items.json", {"type": "FeatureCollection", "features": ordered}, indent=1)
-    _write_text(directory / "items.ndjson",
+    write_json(directory / "items.json", {"type": "FeatureCollection", "features": ordered}, indent=1)
+    write_text(directory / "items.ndjson",
                 "".join(json.dumps(item, separators=(",", ":")) + "\n" for item in ordered))
-    _write_json(directory / "collection.json", _collection_dict(ordered, bbox_wgs84, collection_href), indent=2)
+    write_json(directory / "collection.json", collection_dict(ordered, bbox_wgs84, collection_href), indent=2)
     manifest = {
         "generator": "rasterflow.sample",
         "params": params,
@@ -174,5 +174,5 @@ def _generate(directory: Path, params: SampleParams) -> SampleCatalog:
         "bounds": list(bounds),
         "bbox_wgs84": list(bbox_wgs84),
     }
-    _write_json(directory / MANIFEST, manifest, indent=2)  # last: marks the sample complete
-    return _catalog_from_manifest(directory, manifest)
+    write_json(directory / MANIFEST, manifest, indent=2)  # last: marks the sample complete
+    return catalog_from_manifest(directory, manifest)

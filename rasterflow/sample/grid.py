@@ -73,7 +73,7 @@ class SampleParams(TypedDict):
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _check_params(size: int, n_dates: int, tiles: tuple[int, int], start: str | _dt.date, every_days: int,
+def check_params(size: int, n_dates: int, tiles: tuple[int, int], start: str | _dt.date, every_days: int,
                   seed: int, blocksize: int) -> SampleParams:
     """The parameters checked (a Python caller may pass anything: each is checked at run time too)."""
 
@@ -124,15 +124,15 @@ def _dates(params: SampleParams) -> list[_dt.date]:
     return [start + _dt.timedelta(days=i * params["every_days"]) for i in range(params["n_dates"])]
 
 
-def _platform(date_index: int) -> str:
+def platform_for_date(date_index: int) -> str:
     return "sentinel-2a" if date_index % 2 == 0 else "sentinel-2b"
 
 
-def _has_swath_edge(date_index: int) -> bool:
+def has_swath_edge(date_index: int) -> bool:
     return date_index % 3 == 1
 
 
-def _tile_bounds(params: SampleParams, row: int, col: int) -> tuple[float, float, float, float]:
+def tile_bounds(params: SampleParams, row: int, col: int) -> tuple[float, float, float, float]:
     extent = params["size"] * RESOLUTION
     minx = X0 + col * extent
     maxy = Y0 - row * extent
@@ -149,23 +149,23 @@ def _mgrs_tile(easting: float, northing: float, lat: float, zone: int = UTM_ZONE
     return f"{zone}{band}{col_letter}{row_letter}"
 
 
-def _item_plan(params: SampleParams) -> list[tuple[str, int, _dt.date, int, int, str]]:
+def item_plan(params: SampleParams) -> list[tuple[str, int, _dt.date, int, int, str]]:
     """(item_id, date_index, date, row, col, mgrs) for every item, sorted by date then tile."""
     rows, cols = params["tiles"]
     plan = []
     for d, date in enumerate(_dates(params)):
         for r in range(rows):
             for c in range(cols):
-                minx, miny, maxx, maxy = _tile_bounds(params, r, c)
+                minx, miny, maxx, maxy = tile_bounds(params, r, c)
                 # the sample sits at about lat 52.5 (band U); no pyproj needed for the MGRS name
                 mgrs = _mgrs_tile((minx + maxx) / 2, (miny + maxy) / 2, 52.5)
-                plat = "S2A" if _platform(d) == "sentinel-2a" else "S2B"
+                plat = "S2A" if platform_for_date(d) == "sentinel-2a" else "S2B"
                 item_id = f"{plat}_{mgrs}_{date:%Y%m%d}_{r * cols + c}_L2A"
                 plan.append((item_id, d, date, r, c, mgrs))
     return plan
 
 
-def _cut_col(params: SampleParams, global_rows: npt.ArrayLike) -> npt.NDArray[np.float64]:
+def cut_col(params: SampleParams, global_rows: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """Column (global, in pixels, fractional) of the swath edge at the given global row positions.
 
     Pixels whose centre lies west of it are nodata on swath-edge dates. The cut runs from 35 % of a tile width at

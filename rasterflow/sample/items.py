@@ -24,9 +24,9 @@ from rasterflow.sample.grid import (
     X0,
     Y0,
     SampleParams,
-    _cut_col,
-    _platform,
-    _tile_bounds,
+    cut_col,
+    platform_for_date,
+    tile_bounds,
 )
 
 if TYPE_CHECKING:
@@ -47,16 +47,16 @@ COG_MEDIA_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _footprint(params: SampleParams, row: int, col: int, cut: bool) -> list[tuple[float, float]]:
+def tile_footprint(params: SampleParams, row: int, col: int, cut: bool) -> list[tuple[float, float]]:
     """Valid-data polygon of a tile in EPSG:32633, counter-clockwise, closed."""
-    minx, miny, maxx, maxy = _tile_bounds(params, row, col)
+    minx, miny, maxx, maxy = tile_bounds(params, row, col)
     ring = [(minx, miny), (maxx, miny), (maxx, maxy), (minx, maxy)]
     if cut:
 
         def keep(pt: tuple[float, float]) -> float:  # signed distance (in pixels) east of the cut line
             grow = (Y0 - pt[1]) / RESOLUTION
             gcol = (pt[0] - X0) / RESOLUTION
-            return gcol - float(_cut_col(params, grow))
+            return gcol - float(cut_col(params, grow))
 
         clipped = []
         for i, cur in enumerate(ring):
@@ -71,7 +71,7 @@ def _footprint(params: SampleParams, row: int, col: int, cut: bool) -> list[tupl
     return [*ring, ring[0]]
 
 
-def _to_wgs84(transformer: Transformer, ring: list[tuple[float, float]],
+def ring_to_wgs84(transformer: Transformer, ring: list[tuple[float, float]],
               densify: int = 8) -> tuple[list[list[float]], tuple[float, float, float, float]]:
     """Transform a closed ring; returns (vertices in lon/lat, bbox of the densified edges)."""
     xs, ys = [], []
@@ -97,7 +97,7 @@ def _to_wgs84(transformer: Transformer, ring: list[tuple[float, float]],
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _statistics(scl: npt.NDArray[np.uint8]) -> dict[str, float]:
+def scl_statistics(scl: npt.NDArray[np.uint8]) -> dict[str, float]:
     counts = np.bincount(scl.ravel(), minlength=256)
     total = int(scl.size)
     valid = total - int(counts[0])
@@ -118,7 +118,7 @@ def _statistics(scl: npt.NDArray[np.uint8]) -> dict[str, float]:
     }
 
 
-def _item_dict(*, item_id: str, date: _dt.date, date_index: int, mgrs: str, geometry: list[list[float]],
+def item_dict(*, item_id: str, date: _dt.date, date_index: int, mgrs: str, geometry: list[list[float]],
                bbox: tuple[float, ...], bounds: tuple[float, float, float, float], transform: list[float], size: int,
                item_dir: Path, stats: dict[str, float], collection_href: str) -> dict[str, Any]:
     proj = {
@@ -156,7 +156,7 @@ def _item_dict(*, item_id: str, date: _dt.date, date_index: int, mgrs: str, geom
         "bbox": [float(b) for b in bbox],
         "properties": {
             "datetime": f"{date.isoformat()}T{ACQUISITION_TIME}Z",
-            "platform": _platform(date_index),
+            "platform": platform_for_date(date_index),
             "constellation": "sentinel-2",
             "instruments": ["msi"],
             "gsd": RESOLUTION,
@@ -171,7 +171,7 @@ def _item_dict(*, item_id: str, date: _dt.date, date_index: int, mgrs: str, geom
     }
 
 
-def _collection_dict(items: list[dict[str, Any]], bbox: tuple[float, ...], href: str) -> dict[str, Any]:
+def collection_dict(items: list[dict[str, Any]], bbox: tuple[float, ...], href: str) -> dict[str, Any]:
     datetimes = sorted(i["properties"]["datetime"] for i in items)
     return {
         "type": "Collection",

@@ -14,8 +14,8 @@ from rasterflow.sample.grid import (
     OFFSET,
     SCALE,
     SampleParams,
-    _cut_col,
-    _has_swath_edge,
+    cut_col,
+    has_swath_edge,
 )
 
 # --------------------------------------------------------------------------------------------------------------
@@ -149,7 +149,7 @@ class _Tile:
     nodata_cut: np.ndarray  # bool: west of the swath edge (applies on swath-edge dates only)
 
 
-def _make_tile(params: SampleParams, row: int, col: int) -> _Tile:
+def make_tile(params: SampleParams, row: int, col: int) -> _Tile:
     size, seed = params["size"], params["seed"]
     rows, cols = params["tiles"]
     gcols = col * size + np.arange(size, dtype=np.float64) + 0.5
@@ -207,7 +207,7 @@ def _make_tile(params: SampleParams, row: int, col: int) -> _Tile:
     soil_brightness = 1.0 + 0.12 * _field(_waves(_rng(seed, "soil"), 12, 1.5, 12.0), u, v)
     texture = _field(_waves(_rng(seed, "texture"), 14, 12.0, 60.0, beta=0.5), u, v)
 
-    nodata_cut = gcols[None, :] < _cut_col(params, grows)[:, None]
+    nodata_cut = gcols[None, :] < cut_col(params, grows)[:, None]
     land = (~water).astype(np.float32)
     water_turbid = turbidity * (1.0 - land)
     return _Tile(
@@ -265,7 +265,7 @@ def _surface(tile: _Tile, tau: float) -> np.ndarray:
     return out
 
 
-def _cloud_schedule(params: SampleParams) -> list[dict[str, Any]]:
+def cloud_schedule(params: SampleParams) -> list[dict[str, Any]]:
     """Per date: target fraction of opaque cloud and of cirrus, and the field parameters."""
     n = params["n_dates"]
     rng = _rng(params["seed"], "schedule")
@@ -306,7 +306,7 @@ def _threshold(values: np.ndarray, fraction: float) -> float:
     return float(np.quantile(values.astype(np.float64), 1.0 - min(fraction, 1.0)))
 
 
-def _render(params: SampleParams, tile: _Tile, date_index: int, schedule: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+def render_tile(params: SampleParams, tile: _Tile, date_index: int, schedule: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """Reflectance DN (4, H, W) uint16 and SCL (H, W) uint8 of one tile on one date."""
     n = params["n_dates"]
     tau = date_index / (n - 1) if n > 1 else 0.0
@@ -355,7 +355,7 @@ def _render(params: SampleParams, tile: _Tile, date_index: int, schedule: dict[s
         np.rint(band, out=band)
         np.clip(band, 1, 65535, out=band)
         dn[i] = band
-    if _has_swath_edge(date_index):
+    if has_swath_edge(date_index):
         dn[:, tile.nodata_cut] = 0
         scl[tile.nodata_cut] = 0
     return dn, scl.astype(np.uint8, copy=False)

@@ -7,11 +7,11 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator, model_validator
 
-from rasterflow.spec.common import Size, _Model
+from rasterflow.spec.common import Size, SpecModel
 from rasterflow.units import parse_bytes
 
 
-class MemoryThresholds(_Model):
+class MemoryThresholds(SpecModel):
     """Dask worker memory thresholds, as fractions of the worker's memory limit (DOMAIN.md)."""
 
     target: Annotated[StrictFloat, Field(gt=0, le=1)] = Field(default=0.6, description="Spill managed data to disk.")
@@ -26,7 +26,7 @@ class MemoryThresholds(_Model):
         return self
 
 
-class Cluster(_Model):
+class Cluster(SpecModel):
     """The Dask cluster: a LocalCluster sized from the machine, or an existing scheduler."""
 
     address: StrictStr | None = Field(
@@ -84,7 +84,7 @@ class Cluster(_Model):
         return value
 
 
-class Budget(_Model):
+class Budget(SpecModel):
     """The static memory budget check."""
 
     max_fraction: Annotated[StrictFloat, Field(gt=0, le=1)] = Field(

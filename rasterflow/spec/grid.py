@@ -8,12 +8,12 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StrictFloat, StrictInt, StrictStr, field_validator
 
-from rasterflow.spec.common import RESAMPLING_METHODS, PositiveFloat, _Model
+from rasterflow.spec.common import RESAMPLING_METHODS, PositiveFloat, SpecModel
 
-_EPSG = re.compile(r"^EPSG:[0-9]{4,6}$")
+EPSG_PATTERN = re.compile(r"^EPSG:[0-9]{4,6}$")
 
 
-class Grid(_Model):
+class Grid(SpecModel):
     """The output grid every scene is resampled onto."""
 
     crs: StrictStr = Field(description='Output CRS as "EPSG:<code>", e.g. "EPSG:32633".')
@@ -35,7 +35,7 @@ class Grid(_Model):
     @field_validator("crs")
     @classmethod
     def _check_crs(cls, crs: str) -> str:
-        if not _EPSG.match(crs.strip().upper()):
+        if not EPSG_PATTERN.match(crs.strip().upper()):
             raise ValueError(f'must be an EPSG code like "EPSG:32633" (got {crs!r})')
         return crs.strip().upper()
 
@@ -57,7 +57,7 @@ ChunkSize = Annotated[
 ]
 
 
-class Chunks(_Model):
+class Chunks(SpecModel):
     """Dask chunk layout; bands are always whole."""
 
     time: ChunkSize = Field(default=-1, description="Chunk length along time; -1 keeps time whole (needed by median).")

@@ -239,7 +239,7 @@ def _issues_from_validation(err: ValidationError, loaded: LoadedYaml, shown: str
     for error in _matching_branch(err.errors(include_url=False)):
         loc = tuple(error["loc"])
         located = error.get("ctx", {}).get("error")
-        if isinstance(located, models._LocatedError):
+        if isinstance(located, models.LocatedError):
             loc = _trim_to_data(loc, loaded) + located.loc
         elif error["type"] != "missing":
             loc = _trim_to_data(loc, loaded)

@@ -7,10 +7,10 @@ from typing import Annotated
 
 from pydantic import Field, StrictInt, model_validator
 
-from rasterflow.spec.common import _Model
+from rasterflow.spec.common import SpecModel
 
 
-class MaskStep(_Model):
+class MaskStep(SpecModel):
     """One morphological step of ``mask_cleanup``: exactly one of the operations, with a disk radius in pixels."""
 
     opening: Annotated[StrictInt, Field(gt=0)] | None = Field(

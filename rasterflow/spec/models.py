@@ -10,11 +10,11 @@ Every field carries a description so the generated JSON Schema documents itself 
 from __future__ import annotations
 
 from rasterflow.spec.common import (
-    _check_identifier as _check_identifier,
-    _function_names as _function_names,
-    _IDENTIFIER as _IDENTIFIER,
-    _LocatedError as _LocatedError,
-    _Model as _Model,
+    check_identifier as check_identifier,
+    function_names as function_names,
+    IDENTIFIER as IDENTIFIER,
+    LocatedError as LocatedError,
+    SpecModel as SpecModel,
     PositiveFloat as PositiveFloat,
     RESAMPLING_METHODS as RESAMPLING_METHODS,
     Size as Size,
@@ -30,12 +30,12 @@ from rasterflow.spec.source import (
 from rasterflow.spec.grid import (
     Chunks as Chunks,
     ChunkSize as ChunkSize,
-    _EPSG as _EPSG,
+    EPSG_PATTERN as EPSG_PATTERN,
     Grid as Grid,
 )
 from rasterflow.spec.reduce import (
-    _check_composite as _check_composite,
-    _check_statistics as _check_statistics,
+    check_composite as check_composite,
+    check_statistics as check_statistics,
     COMPOSITE_METHODS as COMPOSITE_METHODS,
     CUBE_DIMS as CUBE_DIMS,
     Reduce as Reduce,
@@ -47,7 +47,7 @@ from rasterflow.spec.output import (
     COG_RESAMPLINGS as COG_RESAMPLINGS,
     CogOptions as CogOptions,
     COMPRESSION_CODECS as COMPRESSION_CODECS,
-    _FORMAT_BY_SUFFIX as _FORMAT_BY_SUFFIX,
+    FORMAT_BY_SUFFIX as FORMAT_BY_SUFFIX,
     Output as Output,
     OUTPUT_DTYPES as OUTPUT_DTYPES,
     OutputEncoding as OutputEncoding,
@@ -63,7 +63,7 @@ from rasterflow.spec.mask import (
     MaskStep as MaskStep,
 )
 from rasterflow.spec.pipeline import (
-    _divisor_near as _divisor_near,
+    divisor_near as divisor_near,
     Spec as Spec,
 )
 

@@ -7,17 +7,17 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
-from rasterflow.spec.common import _LocatedError, _Model
+from rasterflow.spec.common import LocatedError, SpecModel
 
 COMPRESSION_CODECS = ("zstd", "deflate", "lzw", "lz4", "none")
-_FORMAT_BY_SUFFIX = {".zarr": "zarr", ".tif": "cog", ".tiff": "cog"}
+FORMAT_BY_SUFFIX = {".zarr": "zarr", ".tif": "cog", ".tiff": "cog"}
 
 
 OUTPUT_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "float64")
 COG_RESAMPLINGS = ("nearest", "average", "bilinear", "cubic", "cubicspline", "lanczos", "mode", "rms")
 
 
-class OutputEncoding(_Model):
+class OutputEncoding(SpecModel):
     """How values are stored: ``stored = round((value - offset) / scale)``; readers get ``stored * scale + offset``."""
 
     dtype: Literal[OUTPUT_DTYPES] | None = Field(  # type: ignore[valid-type]
@@ -35,16 +35,16 @@ class OutputEncoding(_Model):
     @model_validator(mode="after")
     def _check(self) -> OutputEncoding:
         if self.scale == 0:
-            raise _LocatedError(("scale",), "scale must not be 0")
+            raise LocatedError(("scale",), "scale must not be 0")
         if self.dtype and self.dtype[0] in "ui" and self.nodata is not None:
             bits = int(self.dtype.lstrip("uint"))
             lo, hi = (0, 2**bits - 1) if self.dtype.startswith("u") else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
             if not float(self.nodata).is_integer() or not lo <= self.nodata <= hi:
-                raise _LocatedError(("nodata",), f"{self.nodata} is not a valid {self.dtype} value ({lo}..{hi})")
+                raise LocatedError(("nodata",), f"{self.nodata} is not a valid {self.dtype} value ({lo}..{hi})")
         return self
 
 
-class CogOptions(_Model):
+class CogOptions(SpecModel):
     """Cloud-Optimized GeoTIFF layout."""
 
     blocksize: Annotated[StrictInt, Field(ge=16, le=4096, multiple_of=16)] = Field(
@@ -59,7 +59,7 @@ class CogOptions(_Model):
     )
 
 
-class Tiling(_Model):
+class Tiling(SpecModel):
     """Split the output grid into square tiles, each written (and resumed) as an output of its own."""
 
     size: Annotated[StrictInt, Field(gt=0)] = Field(
@@ -68,7 +68,7 @@ class Tiling(_Model):
     )
 
 
-class Output(_Model):
+class Output(SpecModel):
     """Where and how the result is written."""
 
     path: StrictStr = Field(
@@ -117,24 +117,24 @@ class Output(_Model):
     @model_validator(mode="after")
     def _check_tiling(self) -> Output:
         if self.tiling is not None and self.policy == "update":
-            raise _LocatedError(("if_exists",), "update is not available with tiling (a rerun of the same job "
+            raise LocatedError(("if_exists",), "update is not available with tiling (a rerun of the same job "
                                 "already skips finished tiles); use skip or overwrite, or remove tiling")
         return self
 
     @model_validator(mode="after")
     def _check_output_options(self) -> Output:
-        fmt = self.format or _FORMAT_BY_SUFFIX.get(PurePosixPath(self.path.rstrip("/")).suffix.lower())
+        fmt = self.format or FORMAT_BY_SUFFIX.get(PurePosixPath(self.path.rstrip("/")).suffix.lower())
         if "zarr_format" in self.model_fields_set and fmt != "zarr":
-            raise _LocatedError(("zarr_format",), "zarr_format applies to Zarr outputs only; remove it")
+            raise LocatedError(("zarr_format",), "zarr_format applies to Zarr outputs only; remove it")
         if self.zarr_shards is not None and fmt != "zarr":
-            raise _LocatedError(("zarr_shards",), "zarr_shards applies to Zarr outputs only; remove it")
+            raise LocatedError(("zarr_shards",), "zarr_shards applies to Zarr outputs only; remove it")
         if self.zarr_shards not in (None, 1) and self.zarr_format != 3:
-            raise _LocatedError(("zarr_shards",), f"zarr_shards: {self.zarr_shards} needs zarr_format: 3 (format 2, "
+            raise LocatedError(("zarr_shards",), f"zarr_shards: {self.zarr_shards} needs zarr_format: 3 (format 2, "
                                 "the one GDAL opens, has no shards); set zarr_format: 3 or remove zarr_shards")
         if "cog" in self.model_fields_set and fmt != "cog":
-            raise _LocatedError(("cog",), "cog options apply to COG outputs (.tif) only; remove them")
+            raise LocatedError(("cog",), "cog options apply to COG outputs (.tif) only; remove them")
         if self.cog.predictor == "floating_point" and self.encoding.dtype and self.encoding.dtype[0] in "ui":
-            raise _LocatedError(("cog", "predictor"),
+            raise LocatedError(("cog", "predictor"),
                                 f"floating_point needs a float dtype (encoding.dtype is {self.encoding.dtype}); "
                                 f"use standard or auto")
         return self
@@ -142,13 +142,13 @@ class Output(_Model):
     @model_validator(mode="after")
     def _check_format(self) -> Output:
         suffix = PurePosixPath(self.path.rstrip("/")).suffix.lower()
-        implied = _FORMAT_BY_SUFFIX.get(suffix)
+        implied = FORMAT_BY_SUFFIX.get(suffix)
         if self.format is None and implied is None:
-            raise _LocatedError(("path",),
+            raise LocatedError(("path",),
                 f"cannot tell the format from {self.path!r}; end the path in .zarr or .tif, or set format: zarr | cog"
             )
         if self.format is not None and implied is not None and implied != self.format:
-            raise _LocatedError(("format",),
+            raise LocatedError(("format",),
                 f"format {self.format!r} does not match the path's extension {suffix!r} (which means {implied!r}); "
                 f"change one of them"
             )
@@ -156,7 +156,7 @@ class Output(_Model):
         unsupported = {"zarr": "lzw", "cog": "lz4"}[fmt]
         if self.compression == unsupported:
             other = "zstd, deflate, lz4 or none" if unsupported == "lzw" else "zstd, deflate, lzw or none"
-            raise _LocatedError(
+            raise LocatedError(
                 ("compression",), f"{unsupported} is not available for {self.format or implied}; use {other}"
             )
         return self
@@ -164,7 +164,7 @@ class Output(_Model):
     @model_validator(mode="after")
     def _check_policy(self) -> Output:
         if self.overwrite is not None and self.if_exists is not None and self.if_exists != self.policy_of_overwrite:
-            raise _LocatedError(("if_exists",), f"contradicts overwrite: {str(self.overwrite).lower()}; keep only "
+            raise LocatedError(("if_exists",), f"contradicts overwrite: {str(self.overwrite).lower()}; keep only "
                                                 f"if_exists (overwrite is its old spelling)")
         return self
 
@@ -180,4 +180,4 @@ class Output(_Model):
     @property
     def resolved_format(self) -> str:
         """The output format, given or implied by the extension."""
-        return self.format or _FORMAT_BY_SUFFIX[PurePosixPath(self.path.rstrip("/")).suffix.lower()]
+        return self.format or FORMAT_BY_SUFFIX[PurePosixPath(self.path.rstrip("/")).suffix.lower()]

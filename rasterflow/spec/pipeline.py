@@ -11,15 +11,15 @@ from pydantic import Field, StrictStr, field_validator, model_validator
 from rasterflow.composites import CompositeNames, geomedian_variables
 from rasterflow.errors import ExpressionError
 from rasterflow.spec.cluster import Budget, Cluster
-from rasterflow.spec.common import _check_identifier, _LocatedError, _Model
+from rasterflow.spec.common import check_identifier, LocatedError, SpecModel
 from rasterflow.spec.grid import Chunks, Grid
 from rasterflow.spec.mask import MaskStep, cleanup_halo
 from rasterflow.spec.output import Output
-from rasterflow.spec.reduce import COMPOSITE_METHODS, Reduce, _check_composite, _check_statistics, statistic_name
+from rasterflow.spec.reduce import COMPOSITE_METHODS, Reduce, check_composite, check_statistics, statistic_name
 from rasterflow.spec.source import Source
 
 
-class Spec(_Model):
+class Spec(SpecModel):
     """A rasterflow pipeline spec, version 1."""
 
     version: Literal[1] = Field(description="The spec format version; 1.")
@@ -62,7 +62,7 @@ class Spec(_Model):
     @classmethod
     def _check_band_names(cls, bands: dict[str, str]) -> dict[str, str]:
         for name in bands:
-            _check_identifier(name, "band name")
+            check_identifier(name, "band name")
         return bands
 
     @model_validator(mode="after")
@@ -72,7 +72,7 @@ class Spec(_Model):
         assets = list(self.source.assets)
         collisions = sorted(set(assets) & set(self.bands))
         if collisions:
-            raise _LocatedError(
+            raise LocatedError(
                 ("bands", collisions[0]),
                 f"{collisions[0]!r} is both an asset and a band; rename the band (e.g. {collisions[0]}_out)",
             )
@@ -80,15 +80,15 @@ class Spec(_Model):
             try:
                 mask = parse_expression(self.mask, assets, what="mask")
             except ExpressionError as err:
-                raise _LocatedError(("mask",), str(err)) from None
+                raise LocatedError(("mask",), str(err)) from None
             # The mask sees the raw source values: integers unless the spec says otherwise (plan checks again
             # with the data types the items declare).
             try:
                 kind = mask.check_kinds({a: self.source.asset_kind(a) or "int" for a in mask.names})
             except ExpressionError as err:
-                raise _LocatedError(("mask",), str(err)) from None
+                raise LocatedError(("mask",), str(err)) from None
             if not mask.is_boolean and not (kind == "int" and mask.is_bit_test):
-                raise _LocatedError(
+                raise LocatedError(
                     ("mask",), f"must be a true/false expression such as \"scl in (3, 8, 9, 10)\" or an integer bit "
                     f"test such as \"(qa >> 3) & 1\" (nonzero = drop) (got {self.mask!r})"
                 )
@@ -100,10 +100,10 @@ class Spec(_Model):
                 # Bands see scaled values in the working dtype: every asset is a float there.
                 kinds[name] = band.check_kinds(kinds)
             except ExpressionError as err:
-                raise _LocatedError(("bands", name), str(err)) from None
+                raise LocatedError(("bands", name), str(err)) from None
             known.append(name)
         if self.source.group_by == "solar_day" and self.chunks.time != -1:
-            raise _LocatedError(
+            raise LocatedError(
                 ("chunks", "time"),
                 f"source.group_by: solar_day mosaics the tiles of each pass inside one task, so time must be whole; "
                 f"set chunks.time: -1 (got {self.chunks.time})",
@@ -113,23 +113,23 @@ class Spec(_Model):
             for axis in ("y", "x"):
                 chunk = getattr(self.chunks, axis)
                 if chunk == -1:
-                    raise _LocatedError(("output", "tiling", "size"),
+                    raise LocatedError(("output", "tiling", "size"),
                                         f"tiles need chunks.{axis} to be a number of pixels, not -1 (the whole axis); "
-                                        f"set chunks.{axis} to a divisor of {size}, e.g. {_divisor_near(size, 1024)}")
+                                        f"set chunks.{axis} to a divisor of {size}, e.g. {divisor_near(size, 1024)}")
                 if size % chunk:
-                    raise _LocatedError(("output", "tiling", "size"),
+                    raise LocatedError(("output", "tiling", "size"),
                                         f"{size} is not a multiple of chunks.{axis} ({chunk}), so tiles would cut "
                                         f"chunks; use a multiple of {chunk} such as {max(chunk, size - size % chunk)} "
                                         f"or {size - size % chunk + chunk}, or change chunks.{axis}")
         if self.mask_cleanup is not None and self.mask is None:
-            raise _LocatedError(("mask_cleanup",), "mask_cleanup cleans the mask, but the spec has none; add mask "
+            raise LocatedError(("mask_cleanup",), "mask_cleanup cleans the mask, but the spec has none; add mask "
                                                    "(e.g. mask: \"scl in (3, 8, 9, 10)\") or remove mask_cleanup")
         if isinstance(self.reduce, list):
-            _check_statistics(self.reduce, self.chunks.time)
+            check_statistics(self.reduce, self.chunks.time)
         elif self.reduce is not None and self.reduce.method in COMPOSITE_METHODS:
-            _check_composite(self.reduce, list(assets), list(self.bands), self.chunks.time)
+            check_composite(self.reduce, list(assets), list(self.bands), self.chunks.time)
         if self.output.resolved_format == "cog" and self.reduce is None:
-            raise _LocatedError(
+            raise LocatedError(
                 ("output", "format"),
                 "a COG holds 2-D bands, so a time series cannot be written to one; add a reduce section or write .zarr",
             )
@@ -225,7 +225,7 @@ class Spec(_Model):
                      for r in self.reduce for q in (r.quantiles or (None,)))
 
 
-def _divisor_near(size: int, wanted: int) -> int:
+def divisor_near(size: int, wanted: int) -> int:
     """The divisor of ``size`` closest to ``wanted`` (a chunk edge to suggest for a tile size)."""
     divisors = [d for d in range(1, int(math.isqrt(size)) + 1) if size % d == 0]
     divisors += [size // d for d in divisors]

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator, model_validator
 
-from rasterflow.spec.common import _LocatedError, _Model
+from rasterflow.spec.common import LocatedError, SpecModel
 
 
 ReduceMethod = Literal["mean", "median", "min", "max", "std", "sum", "count", "quantile", "geomedian", "best"]
@@ -17,7 +17,7 @@ COMPOSITE_METHODS = ("geomedian", "best")
 CUBE_DIMS = ("time", "band", "y", "x")
 
 
-class Reduce(_Model):
+class Reduce(SpecModel):
     """An optional reduction; without it the time series itself is written."""
 
     over: StrictStr = Field(default="time", description="The dimension reduced; rasterflow reduces over time.")
@@ -76,25 +76,25 @@ class Reduce(_Model):
     @model_validator(mode="after")
     def _check_q(self) -> Reduce:
         if self.method == "quantile" and self.q is None:
-            raise _LocatedError(("method",), "method quantile needs q (a number in 0..1, or a list of them), e.g. q: 0.9")
+            raise LocatedError(("method",), "method quantile needs q (a number in 0..1, or a list of them), e.g. q: 0.9")
         if self.method != "quantile" and self.q is not None:
-            raise _LocatedError(("q",), f"q is only used with method: quantile (method is {self.method!r}); remove q")
+            raise LocatedError(("q",), f"q is only used with method: quantile (method is {self.method!r}); remove q")
         if isinstance(self.q, list) and not self.q:
-            raise _LocatedError(("q",), "q is an empty list; give at least one quantile")
+            raise LocatedError(("q",), "q is an empty list; give at least one quantile")
         if self.method == "geomedian":
             if not self.bands or len(self.bands) < 2:
-                raise _LocatedError(("bands",), "a geomedian is over at least two bands, e.g. bands: [red, green, "
+                raise LocatedError(("bands",), "a geomedian is over at least two bands, e.g. bands: [red, green, "
                                                 "nir, swir16]")
             if len(set(self.bands)) < len(self.bands):
-                raise _LocatedError(("bands",), "a band is listed twice; list each once")
+                raise LocatedError(("bands",), "a band is listed twice; list each once")
         elif self.bands is not None:
-            raise _LocatedError(("bands",), f"bands is only used with method: geomedian (method is "
+            raise LocatedError(("bands",), f"bands is only used with method: geomedian (method is "
                                             f"{self.method!r}); remove it")
         if self.method == "best" and not self.by:
-            raise _LocatedError(("method",), "method best needs by: the band or asset whose maximum (or minimum, "
+            raise LocatedError(("method",), "method best needs by: the band or asset whose maximum (or minimum, "
                                              "order: min) picks the date, e.g. by: ndvi")
         if self.method != "best" and self.by is not None:
-            raise _LocatedError(("by",), f"by is only used with method: best (method is {self.method!r}); remove it")
+            raise LocatedError(("by",), f"by is only used with method: best (method is {self.method!r}); remove it")
         return self
 
     @property
@@ -114,46 +114,46 @@ def statistic_name(method: str, q: float | None = None) -> str:
     return "q" + percent.replace(".", "_")
 
 
-def _check_composite(reduce: Reduce, assets: list[str], bands: list[str], chunk_time: int) -> None:
+def check_composite(reduce: Reduce, assets: list[str], bands: list[str], chunk_time: int) -> None:
     """A geomedian's bands and a best-pixel's ``by`` name assets or bands; time is whole (every date of a pixel
     is looked at together)."""
     known = assets + bands
     if reduce.method == "geomedian":
         for index, name in enumerate(reduce.bands or ()):
             if name not in known:
-                raise _LocatedError(("reduce", "bands", index),
+                raise LocatedError(("reduce", "bands", index),
                                     f"{name!r} is neither an asset nor a band; use one of {', '.join(known)}")
     elif reduce.by not in known:
-        raise _LocatedError(("reduce", "by"), f"by: {reduce.by!r} names nothing; use an asset or a band: "
+        raise LocatedError(("reduce", "by"), f"by: {reduce.by!r} names nothing; use an asset or a band: "
                                               f"{', '.join(known)}")
     if chunk_time != -1:
-        raise _LocatedError(("chunks", "time"),
+        raise LocatedError(("chunks", "time"),
                             f"a {reduce.method} looks at every date of a pixel at once, so time must be whole; set "
                             f"chunks.time: -1 (got {chunk_time})")
 
 
-def _check_statistics(entries: list[Reduce], chunk_time: int) -> None:
+def check_statistics(entries: list[Reduce], chunk_time: int) -> None:
     """A list ``reduce``: each statistic once, one period, time whole (the statistics share the task's series)."""
     seen: dict[str, int] = {}
     periods = {str(r.period) for r in entries if r.period}
     first_period = next((r.period for r in entries if r.period), None)
     for index, entry in enumerate(entries):
         if entry.method in COMPOSITE_METHODS:
-            raise _LocatedError(("reduce", index, "method"),
+            raise LocatedError(("reduce", index, "method"),
                                 f"a {entry.method} makes variables of its own and is not combined with other "
                                 f"statistics; give it alone: reduce: {{method: {entry.method}, ...}}")
         for q in entry.quantiles or (None,):
             name = statistic_name(entry.method, q)
             if name in seen:
                 what = f"quantile {q:g}" if q is not None else entry.method
-                raise _LocatedError(("reduce", index, "method" if q is None else "q"),
+                raise LocatedError(("reduce", index, "method" if q is None else "q"),
                                     f"{what} is listed twice (entries {seen[name]} and {index}); remove one")
             seen[name] = index
         if len(periods) > 1 and entry.period and str(entry.period) != str(first_period):
-            raise _LocatedError(("reduce", index, "period"),
+            raise LocatedError(("reduce", index, "period"),
                                 f"the statistics of one run share one period; entries ask for "
                                 f"{' and '.join(sorted(periods))}: give period once")
     if chunk_time != -1:
-        raise _LocatedError(("chunks", "time"),
+        raise LocatedError(("chunks", "time"),
                             f"several statistics are computed from one read of every date of a chunk, so time must be "
                             f"whole; set chunks.time: -1 (got {chunk_time})")

@@ -6,12 +6,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator, model_validator
 
-from rasterflow.spec.common import RESAMPLING_METHODS, Size, _check_identifier, _LocatedError, _Model
+from rasterflow.spec.common import RESAMPLING_METHODS, Size, check_identifier, LocatedError, SpecModel
 from rasterflow.spec.timeparse import parse_datetime_window
 from rasterflow.units import parse_bytes
 
 
-class StacSource(_Model):
+class StacSource(SpecModel):
     """Where the scenes come from: a STAC API or a local file of items."""
 
     catalog: StrictStr = Field(
@@ -59,10 +59,10 @@ class StacSource(_Model):
     @model_validator(mode="after")
     def _bbox_or_intersects(self) -> StacSource:
         if self.bbox is None and self.intersects is None:
-            raise _LocatedError(("bbox",), "give the area to search: bbox (west, south, east, north in degrees) or "
+            raise LocatedError(("bbox",), "give the area to search: bbox (west, south, east, north in degrees) or "
                                            "intersects (a GeoJSON polygon, or the path of a GeoJSON file)")
         if self.bbox is not None and self.intersects is not None:
-            raise _LocatedError(("intersects",), "give bbox or intersects, not both (a STAC API takes one); the "
+            raise LocatedError(("intersects",), "give bbox or intersects, not both (a STAC API takes one); the "
                                                  "polygon's bounds are its bbox")
         return self
 
@@ -123,7 +123,7 @@ class StacSource(_Model):
 SOURCE_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "float64")
 
 
-class AssetOverride(_Model):
+class AssetOverride(SpecModel):
     """What to use for one asset instead of (or besides) what the catalog's metadata says."""
 
     scale: StrictFloat | StrictInt | None = Field(
@@ -151,7 +151,7 @@ class AssetOverride(_Model):
     )
 
 
-class SourceRetry(_Model):
+class SourceRetry(SpecModel):
     """How requests to the STAC API and to remote files (http/https/s3) are retried when they fail transiently."""
 
     attempts: Annotated[StrictInt, Field(ge=1, le=20)] = Field(
@@ -184,7 +184,7 @@ class SourceRetry(_Model):
         return statuses
 
 
-class SourceIO(_Model):
+class SourceIO(SpecModel):
     """How remote COGs (http, https, s3) are read: concurrent, coalesced range requests per worker process."""
 
     concurrency: Literal["auto"] | Annotated[StrictInt, Field(ge=1, le=1024)] = Field(
@@ -219,7 +219,7 @@ class SourceIO(_Model):
         return 32 * 1024 * 1024 if self.buffer == "auto" else parse_bytes(self.buffer)
 
 
-class Source(_Model):
+class Source(SpecModel):
     """The input: a STAC search and the assets to load from each item."""
 
     stac: StacSource = Field(description="The STAC search.")
@@ -266,21 +266,21 @@ class Source(_Model):
     @classmethod
     def _check_asset_names(cls, assets: dict[str, str]) -> dict[str, str]:
         for name in assets:
-            _check_identifier(name, "asset name")
+            check_identifier(name, "asset name")
         return assets
 
     @model_validator(mode="after")
     def _check_overrides(self) -> Source:
         for name in self.overrides:
             if name not in self.assets:
-                raise _LocatedError(("overrides", name), f"{name!r} is not an asset name; the assets are "
+                raise LocatedError(("overrides", name), f"{name!r} is not an asset name; the assets are "
                                     f"{', '.join(self.assets)}")
         return self
 
     @model_validator(mode="after")
     def _check_failure_policy(self) -> Source:
         if self.max_failed_fraction and self.on_read_error == "fail":
-            raise _LocatedError(("max_failed_fraction",), "applies only with on_read_error: nodata (with fail the "
+            raise LocatedError(("max_failed_fraction",), "applies only with on_read_error: nodata (with fail the "
                                 "first unreadable file stops the run); set on_read_error: nodata or remove it")
         return self
 
