@@ -170,8 +170,9 @@ def main() -> None:
                 local_name = "rf-local-procs" if variant.endswith("procs") else "rf-local"
                 ratio = f"{walls[variant] / walls[local_name]:.2f}x" if "remote" in variant and local_name in walls \
                     else ""
-                per_worker = max(x[0].info.get("report", {}).get("measured_peak_per_worker", {}).values() or [0]
-                                 for x in results[variant]) if variant.startswith("rf-") else 0
+                per_worker = max((peak for x in results[variant]
+                                  for peak in x[0].info.get("report", {}).get("measured_peak_per_worker", {}).values()),
+                                 default=0)
                 rows.append([f"{latency * 1000:.0f} ms", variant, f"{walls[variant]:.1f} s", ratio, gb(m.peak_rss),
                              f"{per_worker / 1e6:.0f} MB" if per_worker else "-",
                              str(served.get("requests", "-")), str(served.get("in_flight_peak", "-")),
