@@ -234,7 +234,11 @@ class RunReport:
     reads: dict[str, Any] = field(default_factory=dict)
     """Source reads (issue 9): ``files``, ``failed_count``, ``failed_fraction``, ``failed`` (per href: item_id,
     asset, href, error, status, attempts, windows, retries), ``retried_files``, ``total_retries``, ``retries``
-    (href -> retries) and the ``policy`` (retry, on_read_error, max_failed_fraction, sign)."""
+    (href -> retries), the ``policy`` (retry, on_read_error, max_failed_fraction, sign, io) and, where the
+    concurrent reader read remote files, ``io``: ``requests``, ``bytes``, ``header_reads``, ``in_flight_peak``,
+    ``request_seconds``, ``wait_seconds`` (``first_wait_seconds`` of it at tasks' first windows), ``held_peak``,
+    ``tasks``, ``tasks_ahead`` and ``longest_waits`` (the five longest waits for bytes: href, bytes, seconds,
+    asked_before, slot_seconds, request_seconds, started_ahead, first_window; see the remote sources how-to)."""
     gdal_options: dict[str, Any] = field(default_factory=dict)
     """GDAL settings of the reads (``reads``: config options rasterflow set) and the S3 variables of the
     environment (``aws_env``; credentials only as ``(set)``)."""
