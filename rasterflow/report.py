@@ -364,7 +364,7 @@ class RunReport:
         return lines
 
     def _read_lines(self) -> list[str]:
-        """Failed source reads and retries: never a silent success."""
+        """Failed source reads and retries (never a silent success), and what the remote reads cost."""
         reads = self.reads or {}
         lines = []
         failed = reads.get("failed") or []
@@ -377,6 +377,17 @@ class RunReport:
         if reads.get("total_retries"):
             lines.append(f"reads: {reads['total_retries']} retries of {reads.get('retried_files', 0)} files "
                          "after transient failures")
+        io = reads.get("io") or {}
+        if io.get("requests"):
+            line = (f"remote reads: {int(io['requests']):,} requests, {format_bytes(int(io.get('bytes') or 0))}, "
+                    f"{int(io.get('in_flight_peak') or 0)} in flight at most per process; the tasks waited "
+                    f"{float(io.get('wait_seconds') or 0):.1f} s for bytes")
+            longest = (io.get("longest_waits") or [None])[0]
+            if longest:
+                line += f" (longest {float(longest['seconds']):.2f} s, {longest['href']})"
+            if io.get("tasks"):
+                line += f"; {int(io.get('tasks_ahead') or 0)} of {int(io['tasks'])} tasks found their reads started"
+            lines.append(line)
         return lines
 
     def _memory_lines(self) -> list[str]:

@@ -139,6 +139,19 @@ def test_summary_lines():
     assert "spilled to disk: 0 B" in lines
 
 
+def test_summary_says_what_the_remote_reads_cost_and_the_longest_wait():
+    """A run whose concurrent reader read remote files: its requests, bytes, in-flight peak, how long the tasks
+    waited and for which request longest, and the tasks that found their reads started; none without it."""
+    report = full_report()
+    assert not any(line.startswith("remote reads:") for line in report.summary_lines())
+    report.reads = {"files": 108, "io": {
+        "requests": 7344, "bytes": 2_522_728_220, "in_flight_peak": 68, "wait_seconds": 0.306, "tasks": 36,
+        "tasks_ahead": 35, "longest_waits": [{"href": "https://h/a/red.tif", "seconds": 0.111, "bytes": 645066}]}}
+    assert ("remote reads: 7,344 requests, 2.52 GB, 68 in flight at most per process; the tasks waited 0.3 s for "
+            "bytes (longest 0.11 s, https://h/a/red.tif); 35 of 36 tasks found their reads started") \
+        in report.summary_lines()
+
+
 def test_summary_of_a_failed_run_with_spill():
     report = RunReport.start(spec_path="a.yaml")
     report.predicted_peak_per_worker = 1_000_000_000
