@@ -63,15 +63,16 @@ def sample(size: int, n_dates: int = N_DATES):
 
 
 def write_spec(catalog, output: Path, *, name: str = "bench", processes: str | None = None,
-               method: str = "median", time_chunk: int = -1) -> Path:
+               method: str | None = "median", time_chunk: int = -1) -> Path:
     """The rasterflow spec of the job over ``catalog``; every item, the whole tile, written to ``output``.
 
     ``processes``: the spec's ``cluster.processes`` (``"true"``, ``"false"``, ``"auto"``); None leaves it out (then
     ``n_workers: 2`` means two worker processes). ``method`` and ``time_chunk`` (``chunks.time``; a median needs
-    time whole, a mean with time in chunks runs the tree path)."""
+    time whole, a mean with time in chunks runs the tree path; no ``method``: the series itself)."""
     cluster = "n_workers: 2, threads_per_worker: 1"
     if processes is not None:
         cluster += f", processes: {processes}"
+    reduce = f"reduce: {{over: time, method: {method}}}\n" if method else ""
     minx, miny, maxx, maxy = catalog.bounds
     w, s, e, n = catalog.bbox_wgs84
     text = f"""\
@@ -93,8 +94,7 @@ chunks: {{time: {time_chunk}, y: {CHUNK}, x: {CHUNK}}}
 mask: "scl in {DROP_CLASSES}"
 bands:
   ndvi: "(nir - red) / (nir + red)"
-reduce: {{over: time, method: {method}}}
-output: {{path: {output}, overwrite: true}}
+{reduce}output: {{path: {output}, overwrite: true}}
 cluster: {{{cluster}}}
 """
     path = output.with_suffix(".yaml")
@@ -270,6 +270,51 @@ def numpy_reference(catalog, rows: int = 256, method: str = "median") -> np.ndar
                 src.close()
     np.save(cache, out)
     return out
+
+
+def numpy_series_strips(catalog, rows: int = 256, strips: int = 2) -> dict[int, np.ndarray]:
+    """The series itself (no reduction: masked NDVI per date, ``(time, rows, width)``) for ``strips`` strips of
+    ``rows`` rows spread down the tile, keyed by their first row: a whole season's series (4.3 GB at 5490² x 36) is
+    compared strip by strip. Computed as :func:`numpy_reference` reads, with rasterio + NumPy."""
+    import warnings
+
+    import rasterio
+    from rasterio.windows import Window
+
+    items = json.loads(Path(catalog.items_json).read_text())["features"]
+    items.sort(key=lambda item: (item["properties"]["datetime"], item["id"]))
+    files = {a: [rasterio.open(item["assets"][a]["href"]) for item in items] for a in ("red", "nir", "scl")}
+    out: dict[int, np.ndarray] = {}
+    try:
+        height, width = files["red"][0].height, files["red"][0].width
+        for row in sorted({min(height - rows, k * (height // strips)) for k in range(strips)}):
+            window = Window(0, row, width, rows)
+            planes = {asset: np.stack([physical_window(src, item, asset, window) for item, src in zip(items, sources)])
+                      for asset, sources in files.items()}
+            drop = np.isin(planes["scl"], DROP_CLASSES)
+            red = np.where(drop, np.nan, planes["red"])
+            nir = np.where(drop, np.nan, planes["nir"])
+            with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                out[row] = ((nir - red) / (nir + red)).astype(np.float32)
+    finally:
+        for sources in files.values():
+            for src in sources:
+                src.close()
+    return out
+
+
+def compare_strips(path: Path, strips: dict[int, np.ndarray], var: str = "ndvi") -> str:
+    """:func:`compare` of a Zarr series' rows with :func:`numpy_series_strips`' strips: ``identical`` or the first
+    difference."""
+    import xarray as xr
+
+    with xr.open_zarr(path, consolidated=None) as ds:
+        for row, expected in strips.items():
+            found = compare(ds[var][:, row:row + expected.shape[1], :].values, expected)
+            if found != "identical":
+                return f"rows {row}+: {found}"
+    return "identical"
 
 
 def compare(actual: np.ndarray, expected: np.ndarray) -> str:

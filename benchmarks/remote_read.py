@@ -1,7 +1,7 @@
 """Remote COGs against local files: the masked NDVI median served by a loopback server with an object store's
 latency, rasterflow (one process and worker processes) next to odc-stac + odc-algo and GDAL on the same server.
 
-    python benchmarks/remote_read.py [--size 2048] [--dates 12] [--season] [--latency 0.04 0.1]
+    python benchmarks/remote_read.py [--size 2048] [--dates 12] [--season] [--latency 0.04 0.1] [--time-chunk N [--series]]
                                      [--bandwidth 50MB] [--rounds 1] [--variants ...] [--gdal-python PATH]
 
 The sample (``common.sample``: one ``size``² tile x ``dates`` dates of 512² ZSTD COGs) is served by
@@ -46,8 +46,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from common import (  # noqa: E402
-    DATA, GDAL_CACHEMAX, PYTHON, check, compare, gb, measure, numpy_reference, read_result, run_rasterflow, sample,
-    table, write_spec,
+    DATA, GDAL_CACHEMAX, PYTHON, check, compare, compare_strips, gb, measure, numpy_reference, numpy_series_strips,
+    read_result, run_rasterflow, sample, table, write_spec,
 )
 from http_faults import http_items  # noqa: E402
 
@@ -88,11 +88,12 @@ def with_io(spec: Path, line: str) -> Path:
     return spec
 
 
-def run(variant: str, local, remote, work: Path, gdal_python: Path | None, time_chunk: int | None = None):
+def run(variant: str, local, remote, work: Path, gdal_python: Path | None, time_chunk: int | None = None,
+        series: bool = False):
     output = work / (f"{variant}.tif" if variant == "gdal" else f"{variant}.zarr")
     if variant.startswith("rf-"):
         catalog = local if variant.startswith("rf-local") else remote
-        tree = {} if time_chunk is None else {"method": "mean", "time_chunk": time_chunk}
+        tree = {} if time_chunk is None else {"method": None if series else "mean", "time_chunk": time_chunk}
         spec = write_spec(catalog, output, name=variant, processes="true" if variant.endswith("procs") else "false",
                           **tree)
         if variant == "rf-remote-gdal":
@@ -120,6 +121,9 @@ def main() -> None:
     parser.add_argument("--time-chunk", type=int, default=None,
                         help="rasterflow only: a mean with time in chunks of this many dates (the tree path; a "
                              "median needs time whole), against NumPy's nanmean")
+    parser.add_argument("--series", action="store_true",
+                        help="rasterflow only, with --time-chunk: the series itself (no reduction; the series path), "
+                             "compared with NumPy's strip by strip")
     parser.add_argument("--gdal-python", type=Path, default=Path(os.environ.get("GDAL_PYTHON", DEFAULT_GDAL_PYTHON)))
     args = parser.parse_args()
     gdal_python = args.gdal_python if args.gdal_python.exists() else None
@@ -135,10 +139,14 @@ def main() -> None:
     else:
         local = sample(args.size, args.dates)
     work = DATA / (f"remote-{'season-' if args.season else ''}{args.size}x{args.dates}"
-                   + (f"-mean-t{args.time_chunk}" if args.time_chunk else ""))
+                   + (f"-{'series' if args.series else 'mean'}-t{args.time_chunk}" if args.time_chunk else ""))
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    reference = numpy_reference(local, method="median" if args.time_chunk is None else "mean")
+    if args.series and args.time_chunk is None:
+        parser.error("--series needs --time-chunk (the dates of each band task)")
+    strips = numpy_series_strips(local) if args.series else None
+    reference = None if args.series else numpy_reference(local, method="median" if args.time_chunk is None
+                                                         else "mean")
     print(f"NumPy reference ready ({time.perf_counter() - started:.0f} s)", flush=True)
     rows = []
     for latency in args.latency:
@@ -151,10 +159,12 @@ def main() -> None:
             for r in range(args.rounds):
                 for variant in names:
                     server_reset(url)
-                    m, output = run(variant, local, remote, work, gdal_python, args.time_chunk)
+                    m, output = run(variant, local, remote, work, gdal_python, args.time_chunk, args.series)
                     served = server_stats(url) if "remote" in variant or not variant.startswith("rf-") else {}
                     io = ((m.info.get("report") or {}).get("reads") or {}).get("io") or {}
-                    results[variant].append((m, served, io, compare(read_result(output), reference)))
+                    same = compare_strips(output, strips) if strips is not None \
+                        else compare(read_result(output), reference)
+                    results[variant].append((m, served, io, same))
                     print(f"  {latency * 1000:.0f} ms round {r + 1} {variant:<16} {m.wall:6.2f} s  {gb(m.peak_rss)}"
                           f"  requests {served.get('requests', '-')}  in flight {served.get('in_flight_peak', '-')}"
                           f"  load {os.getloadavg()[0]:.1f}"
@@ -179,7 +189,9 @@ def main() -> None:
                              f"{served['bytes'] / 1e6:.0f} MB" if served.get("bytes") else "-",
                              str(io.get("header_reads", "")), f"{io['wait_seconds']:.1f} s" if io else "",
                              f"{served['cpu_seconds']:.1f} s" if served else "-", same])
-    job = "median" if args.time_chunk is None else f"mean, time in chunks of {args.time_chunk} dates (tree path),"
+    job = "median" if args.time_chunk is None else (
+        f"series, time in chunks of {args.time_chunk} dates (series path)," if args.series
+        else f"mean, time in chunks of {args.time_chunk} dates (tree path),")
     print(f"\nmasked NDVI {job} {args.size}² x {args.dates} dates x 3 assets (512² ZSTD COGs), chunks 1024², "
           f"rounds {args.rounds}, bandwidth cap {args.bandwidth or 'none'}")
     print(table(rows, ["latency", "variant", "wall", "vs local", "peak RSS", "peak per worker", "requests",

@@ -644,7 +644,8 @@ def test_reads_started_ahead_are_counted_once_more_per_running_task():
     one-process layout (``read.prefetch.ahead`` from the writer), and with worker processes where the writer sends a
     chunk's work as one task to a worker it picks (the fused path to Zarr without shards, and to COG), or a chunk's
     band tasks with all their chunk's tasks (the time-chunked tree path, where the writer's cap lets every worker
-    have a chunk). The worker's remote-read term counts a buffer more per running task there; not for a sharded
+    have a chunk), and the series' band tasks each as one task with their writes (to Zarr). The worker's
+    remote-read term counts a buffer more per running task there; not for a sharded
     Zarr or a tree whose chunks do not fit the cap so; nothing locally."""
     from rasterflow.budget.constants import REMOTE_CLIENT_BYTES
 
@@ -680,6 +681,15 @@ def test_reads_started_ahead_are_counted_once_more_per_running_task():
     assert not budget.started_ahead(monthly_cog, dataclasses.replace(two, n_periods=6))
     assert budget.remote_io_total(monthly_cog, dataclasses.replace(two, n_periods=6), 2) == \
         2 * budget.remote_io_bytes(monthly_cog, dataclasses.replace(two, n_periods=6)) + REMOTE_CLIENT_BYTES
+    # the series to Zarr: each band task with its dates' writes is one task the writer places, however many dates
+    # (12 blocks each here, over the cap of 8); not to COG (a file per date), nor locally
+    series = _shape(None)
+    by_twelve = dataclasses.replace(two, chunk_time=12)
+    assert budget.code_path(series, by_twelve) == "series" and budget.started_ahead(series, by_twelve)
+    assert budget.remote_io_total(series, by_twelve, 1) == budget.remote_io_bytes(series, by_twelve) + 8_000_000 \
+        + REMOTE_CLIENT_BYTES
+    assert not budget.started_ahead(_shape(None, fmt="cog"), by_twelve)
+    assert not budget.started_ahead(series, dataclasses.replace(by_twelve, remote_fetch=False))
     sharded = budget.PipelineShape(**{**dataclasses.asdict(shape), "zarr_format": 3})
     big = dataclasses.replace(workers, grid_shape=(20480, 20480), chunk_y=512, chunk_x=512)
     assert budget.shards_per_side(sharded, big) > 1 and not budget.started_ahead(sharded, big)

@@ -784,6 +784,29 @@ def test_a_time_chunked_run_on_worker_processes_over_http_starts_each_band_tasks
 
 
 @pytest.mark.slow
+def test_a_series_on_worker_processes_over_http_starts_each_time_blocks_reads_on_its_worker(sample, tmp_path):
+    """The series path (no reduction; time in chunks of 2 dates) to Zarr on 2 worker processes over HTTP: each time
+    block of a chunk (its band task and writes) is a unit of its own, sent to a worker the writer picks with its
+    reads started there first, so every band task but a worker's first finds its reads started; the scheduler steals
+    none of them away. Bit for bit the local run."""
+    import xarray as xr
+
+    server = _local_then_remote(sample, tmp_path, "zarr", chunks="{time: 2, y: 96, x: 96}")
+    expected = xr.open_zarr(tmp_path / "out" / "local.zarr")["ndvi"].values
+    assert expected.ndim == 3 and expected.shape[0] == len(json.loads(
+        (tmp_path / "out" / "local.zarr.report.json").read_text())["item_ids"])  # the series itself
+    np.testing.assert_array_equal(xr.open_zarr(tmp_path / "out" / "remote.zarr")["ndvi"].values, expected)
+    report = json.loads((tmp_path / "out" / "remote.zarr.report.json").read_text())
+    io = report["reads"]["io"]
+    height, width = report["grid"]["shape"]
+    chunks, time_chunks = -(-height // 96) * -(-width // 96), -(-expected.shape[0] // 2)
+    assert io["tasks"] == chunks * time_chunks  # each band task read once: none was stolen and read again
+    assert io["tasks"] - 2 <= io["tasks_ahead"] <= io["tasks"]  # all but each worker's first
+    assert server.count() - 5 <= io["requests"]
+    assert report["cluster"]["work_stealing"] is False
+
+
+@pytest.mark.slow
 def test_a_time_chunked_cog_on_worker_processes_over_http_starts_each_band_tasks_reads_on_its_worker(sample,
                                                                                                     tmp_path):
     """The tree path (a mean, time in chunks of 2 dates) to COG on 2 worker processes over HTTP: as for Zarr, each

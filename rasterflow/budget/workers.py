@@ -101,7 +101,8 @@ def started_ahead(shape: PipelineShape, inputs: BudgetInputs) -> bool:
     chunk has more entries than one batch takes, the writer keeps a task per entry and does not place it: the
     buffer counted here is then not used, the projection errs high); on the tree path with all its tasks, to Zarr
     without shards and to COG when a chunk's entries make one batch, where the writer's cap on blocks lets every
-    worker have a chunk in flight (``write.submit.run_units``' ``place_reads``)."""
+    worker have a chunk in flight (``write.submit.run_units``' ``place_reads``); on the series path each band task
+    with its dates' writes as one task, to Zarr without shards."""
     if not inputs.remote_fetch:
         return False
     if inputs.one_process:
@@ -110,6 +111,8 @@ def started_ahead(shape: PipelineShape, inputs: BudgetInputs) -> bool:
     zarr_unsharded = shape.output_format == "zarr" and shards_per_side(shape, inputs) <= 1
     if path == "fused":
         return shape.output_format == "cog" or zarr_unsharded
+    if path == "series":  # each band task's dates one task with their writes (``write_zarr``'s ``lead_groups``)
+        return shape.output_format == "zarr" and zarr_unsharded
     if path != "tree":
         return False
     workers = max(1, inputs.n_workers)

@@ -27,11 +27,13 @@ class Placement:
     with the fewest units in flight per thread, its reads started in that worker's process first
     (:func:`rasterflow.layers.prefetch_here` through ``Client.run``), so that its thread does not wait a round trip
     when it starts. A worker runs its queued tasks in an order of its own, so at most one unit waits per worker
-    thread (the feed's ``max_units``): the unit whose reads were started is the one that runs next. The unit may
+    thread (the feed's ``max_units``): the unit whose reads were started is the one that runs next; with
+    ``whole_units`` (each unit one task) also at least one (the feed's ``min_units``), however many blocks a unit
+    holds, so that a series' band task of 12 dates still has a successor queued with its reads started. The unit may
     still run elsewhere if its worker leaves (a loose restriction), and then starts its own reads."""
 
-    def __init__(self, client: Client, feed: UnitFeed):
-        self.client, self.feed = client, feed
+    def __init__(self, client: Client, feed: UnitFeed, whole_units: bool = False):
+        self.client, self.feed, self.whole_units = client, feed, whole_units
         self.threads: dict[str, int] = {}
         self.load: dict[str, int] = {}
         self.placed: dict[int, str] = {}  # unit in flight -> the worker its reads were started on
@@ -50,6 +52,8 @@ class Placement:
         for address in [a for a in self.load if a not in current and not self.load[a]]:
             del self.load[address], self.threads[address]
         self.feed.max_units = 2 * max(1, sum(self.threads.values()))
+        if self.whole_units:  # each unit one task: a queued one holds only its started reads, whatever its blocks
+            self.feed.min_units = self.feed.max_units
 
     def place(self, number: int, built: Batch) -> str | None:
         """The worker unit ``number`` goes to, its reads started there; None: anywhere (nothing to start, or the

@@ -569,7 +569,7 @@ def _run_distributed(feed: UnitFeed, build: Callable[[Sequence[Key]], Batch], cl
     # flight (else one unit at a time would all go to the same worker)
     placing = one_task_per_unit or (place_reads and feed.head is not None
                                     and feed.blocks(feed.head) * max(1, len(workers)) <= cap)
-    placement = Placement(client, feed) if placing and feed.head is not None \
+    placement = Placement(client, feed, whole_units=one_task_per_unit) if placing and feed.head is not None \
         and places_units(client, build, feed.head) else None
 
     def blocks_in_flight() -> int:

@@ -105,7 +105,7 @@ class ZarrOutput(_Single):
         return write_zarr(dataset, self.path, overwrite=replace, compression=self.plan.output.compression,
                           fingerprint=job_id, client=client, progress=progress,
                           fused=self.plan.code_path == "fused", place_reads=self.plan.code_path == "tree",
-                          **context.options)
+                          lead_groups=series_units(self.plan), **context.options)
 
     def what_is_left(self, job_id: str, counts: Sequence[int]) -> str:
         done, total = counts
@@ -204,6 +204,16 @@ class TiledOutput:
 def replace_options(context: WriteContext, options: dict[str, Any]) -> WriteContext:
     """``context`` with other writer options."""
     return replace(context, options=options)
+
+
+def series_units(plan: JobPlan) -> tuple[int, ...] | None:
+    """The dates of each band task of a series whose reads the writer places on worker processes
+    (:attr:`JobPlan.places_reads`): ``write_zarr``'s ``lead_groups``; None for any other job."""
+    if plan.code_path != "series" or not plan.places_reads:
+        return None
+    from rasterflow.paths.common import time_chunks
+
+    return time_chunks(plan)[1]
 
 
 def output_for(plan: JobPlan, path: str) -> Output:

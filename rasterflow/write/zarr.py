@@ -64,7 +64,7 @@ import math
 import os
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -382,11 +382,14 @@ def _writer_key(name: str, token: str) -> str:
 
 def _write_units(prepared: xr.Dataset, names: list[str], done: dict[str, set[tuple[int, ...]]], side: int, *,
                  store: str, markers: str, zarr_format: ZarrFormat, encoding: Encoding | None,
-                 token: str) -> tuple[Callable[[Key], Task | None], Callable[[Key], int], Iterator[list[Key]], int, int]:
+                 token: str, lead_groups: Sequence[int] | None = None,
+                 ) -> tuple[Callable[[Key], Task | None], Callable[[Key], int], Iterator[list[Key]], int, int]:
     """The write tasks of the job, made per batch: a task maker (Dask's graph specification: a tuple with the
     function first), the units (the regions of one spatial position: every variable and leading index, as they
-    share their upstream tasks), the Dask blocks of a region's key, and the counts of Dask blocks to write and
-    already done. A region is one Zarr chunk, or with shards one shard of up to ``side`` x ``side`` chunks."""
+    share their upstream tasks; with ``lead_groups`` every variable of one group of leading indices along the first
+    leading axis, in runs of these counts), the Dask blocks of a
+    region's key, and the counts of Dask blocks to write and already done. A region is one Zarr chunk, or with
+    shards one shard of up to ``side`` x ``side`` chunks."""
     from dask.utils import apply
 
     first = prepared[names[0]].data
@@ -398,6 +401,12 @@ def _write_units(prepared: xr.Dataset, names: list[str], done: dict[str, set[tup
     writers = {_writer_key(name, token): name for name in names}
     inputs = {name: prepared[name].data.name for name in names}
     leads = list(np.ndindex(*lead_blocks))
+    groups = [leads]
+    if lead_groups is not None:
+        edges = np.concatenate([[0], np.cumsum(lead_groups)]).astype(int)
+        if lead_blocks and edges[-1] == lead_blocks[0]:
+            groups = [[lead for lead in leads if start <= lead[0] < stop]
+                      for start, stop in zip(edges[:-1], edges[1:])]
 
     def blocks_in(si: int, sj: int) -> int:
         return (min(ny, (si + 1) * side) - si * side) * (min(nx, (sj + 1) * side) - sj * side)
@@ -424,10 +433,11 @@ def _write_units(prepared: xr.Dataset, names: list[str], done: dict[str, set[tup
     def units() -> Iterator[list[Key]]:
         for si in range(sy):
             for sj in range(sx):
-                unit = [(writer, *lead, si, sj) for writer, name in writers.items() for lead in leads
-                        if (*lead, si, sj) not in done[name]]
-                if unit:
-                    yield unit
+                for group in groups:
+                    unit = [(writer, *lead, si, sj) for writer, name in writers.items() for lead in group
+                            if (*lead, si, sj) not in done[name]]
+                    if unit:
+                        yield unit
 
     skipped = sum(blocks_in(index[-2], index[-1]) for name in names for index in done[name]
                   if len(index) == len(lead_blocks) + 2
@@ -451,6 +461,7 @@ def write_zarr(
     shards: int | None = None,
     fused: bool = False,
     place_reads: bool = False,
+    lead_groups: Sequence[int] | None = None,
 ) -> WriteResult:
     """Write a lazy Dataset to a Zarr store, chunk by chunk in parallel, atomically, resuming an interrupted run.
 
@@ -490,6 +501,13 @@ def write_zarr(
         The blocks come from the tree path (a chunk's band tasks per time chunk, their partials combined): on worker
         processes that read remote files, each chunk's band tasks go to a worker the writer picks, their reads
         started there first (not with shards; :func:`rasterflow.write.submit.run_units`).
+    lead_groups : sequence of int, optional
+        The blocks along the first leading axis that share their upstream task, in runs of these counts (the series
+        whose reads the writer places: the dates of each band task, :attr:`rasterflow.planning.JobPlan.places_reads`):
+        each run of a chunk is a unit of its own, computed as one task (its band task, then its dates' writes) and,
+        on worker processes that read remote files, sent to a worker the writer picks, its reads started there first,
+        one running and one queued per worker thread (not with shards). Without it a chunk's leading blocks are one
+        unit (a season's 36 dates would fill the cap alone, one chunk at a time).
 
     Raises
     ------
@@ -545,7 +563,7 @@ def write_zarr(
         token = dask.base.tokenize(store, fingerprint, side, *(prepared[n].data.name for n in names))
         task, weight, units, todo, skipped = _write_units(
             prepared, names, done, side, store=store, markers=markers, zarr_format=zarr_format,
-            encoding=block_encoding, token=token)
+            encoding=block_encoding, token=token, lead_groups=lead_groups if side <= 1 else None)
         client = submit.default_client(client)
         writer_names = {_writer_key(name, token): name for name in names}
 
@@ -565,12 +583,13 @@ def write_zarr(
             # with shards (a shard's chunks are held until it is written: the cap alone bounds them) nor on the tree
             # and series paths, whose next chunk's band tasks would run beside the held blocks of the first
             # (budget_accuracy.py rows 17, 20, 29: measured up to 1.45x the projection)
-            floor = submit.cluster_threads(client) + submit.QUEUED_UNITS if fused and side <= 1 else 1
+            whole = (fused or lead_groups is not None) and side <= 1
+            floor = submit.cluster_threads(client) + submit.QUEUED_UNITS if whole else 1
             # and on the fused path a chunk's read-and-reduce and its variables' writes are one task: its result is
             # never held on a worker waiting for the writes while the thread starts the next chunk
             written = submit.run_units(units, build, total=todo, client=client, progress=progress, weight=weight,
                                        max_in_flight=cap, on_result=keep_statistics, min_units=floor,
-                                       one_task_per_unit=fused and side <= 1,
+                                       one_task_per_unit=whole,
                                        place_reads=place_reads and side <= 1)
         except Exception as exc:
             raise RunFailedError(
