@@ -192,6 +192,61 @@ def test_zarr_keeps_the_scheduler_and_the_client_to_the_cap(tmp_path, client, pe
     assert max(futures_seen) <= cap
 
 
+def _series_chunk(calls_dir: str, location: tuple[int, int, int], dates: int) -> np.ndarray:
+    """A band task of a series: ``dates`` dates of one spatial chunk, its run's start and end left in ``calls_dir``."""
+    started = time.time()
+    time.sleep(0.3)  # long enough that two tasks running at once overlap on any machine
+    k, i, j = location
+    values = np.stack([_chunk_values(calls_dir, (i, j), None, None) + (k * dates + d) for d in range(dates)])
+    with open(os.path.join(calls_dir, f"series_{k}_{i}_{j}_{started}_{time.time()}"), "w"):
+        pass
+    return values
+
+
+class _SeriesTasks:
+    def __init__(self, calls_dir: str, dates: int):
+        self.calls_dir, self.dates = calls_dir, dates
+
+    def __call__(self, block):
+        return (_series_chunk, self.calls_dir, tuple(block), self.dates)
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_a_series_band_task_with_its_dates_writes_is_one_unit(tmp_path, client, grouped):
+    """A series (3 band tasks of 4 dates per chunk, each date a Zarr chunk: 12 blocks a chunk, over the cap of 8):
+    with ``lead_groups`` each band task's dates are one unit, one task with their writes, and threads + 1 units are
+    in flight, so band tasks of different chunks run at once on the two workers; without it a chunk is one unit of
+    12 blocks, alone in flight: one chunk at a time, its third band task with a worker idle. The values and one run
+    per band task either way."""
+    from dask.base import tokenize
+
+    from rasterflow.graph import select_blocks
+    from rasterflow.layers import lazy_array
+
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    dates, groups, side = 4, 3, 2
+    source = lazy_array("test-series-" + tokenize(str(calls)), (groups, side, side), _SeriesTasks(str(calls), dates),
+                        ((dates,) * groups, (CHUNK,) * side, (CHUNK,) * side), np.float32)
+    leads = {(t,): ((t // dates,), slice(t % dates, t % dates + 1)) for t in range(groups * dates)}
+    band = select_blocks(source, "ndvi", leads, ((1,) * (groups * dates),))
+    coords = {"time": np.arange(groups * dates), "y": TRANSFORM.f + TRANSFORM.e * (np.arange(side * CHUNK) + 0.5),
+              "x": TRANSFORM.c + TRANSFORM.a * (np.arange(side * CHUNK) + 0.5)}
+    ds = xr.Dataset({"ndvi": (("time", "y", "x"), band)}, coords=coords).rio.write_crs(CRS).rio.write_transform(
+        TRANSFORM)
+    path = str(tmp_path / "series.zarr")
+    result = write_zarr(ds, path, fingerprint="fp", client=client, lead_groups=(dates,) * groups if grouped else None)
+
+    assert result.blocks_written == groups * dates * side * side
+    expected = np.stack([_reference()[:side * CHUNK, :side * CHUNK] + t for t in range(groups * dates)])
+    np.testing.assert_array_equal(xr.open_zarr(path)["ndvi"].values, expected)
+    runs = [name.split("_")[1:] for name in os.listdir(calls) if name.startswith("series_")]
+    assert sorted((int(k), int(i), int(j)) for k, i, j, _, _ in runs) == sorted(np.ndindex(groups, side, side))
+    spans = [((i, j), float(start), float(end)) for _, i, j, start, end in runs]
+    overlapping_chunks = any(a[0] != b[0] and a[1] < b[2] and b[1] < a[2] for a in spans for b in spans)
+    assert overlapping_chunks == grouped
+
+
 def test_the_fused_path_writes_a_chunk_and_its_variables_in_one_task(tmp_path, client, peak):
     """``fused=True`` (the fused path's chunks): a chunk's shared task and the writes of both its variables are one
     task on one worker, so its result never waits on a worker for write tasks; the values, the resume markers and

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rasterflow.budget.model import BudgetInputs, PipelineShape, TaskShape
-from rasterflow.budget.taskshapes import concurrent_tasks
+from rasterflow.budget.taskshapes import concurrent_tasks, shards_per_side
 from rasterflow.paths.common import (
     ItemTerms,
     PathTasks,
@@ -48,14 +48,26 @@ def series_stages(shape: PipelineShape, inputs: BudgetInputs, task: TaskShape,
 def series_held(shape: PipelineShape, inputs: BudgetInputs) -> int:
     """Finished band blocks waiting to be written: none with time whole and one band, where a chunk's one band task
     is followed by its one write on the same thread before the thread's next band task (the write stage counts the
-    block)."""
+    block), nor to Zarr without shards, where each band task and its dates' writes are one task (but a block per
+    running task where two or more run at once or a task has several bands: measured)."""
     running = concurrent_tasks(shape, inputs)
     if inputs.n_time_chunks <= 1 and len(shape.bands) == 1:
         # measured 2026-12-06 (budget_accuracy.py, time whole, one band): 279-282 MB where a held block predicted
         # 346 MB (row 18, 1.23), a 1400² grid of four uneven chunks on two threads 269 MB against 349 MB (row 25,
         # 1.30), solar_day 249 MB (row 33). With two bands (two writes of the block) the next chunk's band task ran
-        # between them: row 20 measured 319 MB, 0.77 of the projection without a held block
+        # between them (row 20, before each band task and its writes were one task)
         return 0
+    if shape.output_format == "zarr" and shards_per_side(shape, inputs) <= 1:
+        # each band task and its dates' writes are one task (``write_zarr``'s ``lead_groups``): no block waits for a
+        # write (a 3072² task of 3 dates on one thread: 396 MB measured, 402 MB projected without a held block, 515 MB
+        # with one, test_budget_measured.py). What the stages leave out elsewhere is counted as a block per running
+        # task (measured 2026-12-07, RSS sampled every 2 ms): two threads' band tasks on the worker's one arena
+        # (``allocator``) hold more than each alone (two 1024² x 4-date band tasks at once peaked at 101 MB over the
+        # process's, one alone 44 MB; their worker 186-213 MB against 163 MB without the blocks, budget_accuracy.py
+        # row 19), and a task of several bands holds its whole (date, band) block beside their series (two float64
+        # bands of 512² x 16 dates: 139 MB alone against 102 MB in the stages; their worker 252-263 MB against 198 MB
+        # without the block, row 20)
+        return held_blocks(shape, inputs, running, running) if running > 1 or len(shape.bands) > 1 else 0
     # the writer's unit is a spatial chunk (every date of it): the blocks of all its time chunks wait for their
     # writes, queued behind its band tasks (2 threads, 4 time chunks of 1024²: 271 MB measured where one held block
     # per thread predicted 242 MB, 0.89, budget_accuracy.py row 19, 2026-12-06); at most two per thread (what was

@@ -207,9 +207,9 @@ def replace_options(context: WriteContext, options: dict[str, Any]) -> WriteCont
 
 
 def series_units(plan: JobPlan) -> tuple[int, ...] | None:
-    """The dates of each band task of a series whose reads the writer places on worker processes
-    (:attr:`JobPlan.places_reads`): ``write_zarr``'s ``lead_groups``; None for any other job."""
-    if plan.code_path != "series" or not plan.places_reads:
+    """The dates of each band task of a series: ``write_zarr``'s ``lead_groups`` (each band task with its dates'
+    writes one task); None for any other job."""
+    if plan.code_path != "series":
         return None
     from rasterflow.paths.common import time_chunks
 
