@@ -7,7 +7,6 @@ NumPy allocations; memray, when installed, also sees GDAL's native buffers and c
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -86,6 +85,7 @@ def profile_one_task(plan: JobPlan, *, use_memray: bool = True, flamegraph: str 
     import dask
 
     from rasterflow import graph
+    from rasterflow.gdalenv import BlockCache
 
     from rasterflow.read.policy import current_policy, set_policy
 
@@ -93,7 +93,6 @@ def profile_one_task(plan: JobPlan, *, use_memray: bool = True, flamegraph: str 
     variable = dataset[next(iter(dataset.data_vars))].data
     index = _middle_block(variable)
     block = variable.blocks[index]
-    os.environ.setdefault("GDAL_CACHEMAX", str(plan.gdal_cachemax))
     # the task reads as a run's would: the spec's retries, on_read_error and signer, not the defaults
     if plan.read_policy is None:
         raise ValueError("profiling needs a plan made with the searched items")
@@ -108,20 +107,27 @@ def profile_one_task(plan: JobPlan, *, use_memray: bool = True, flamegraph: str 
         finally:
             set_policy(previous)
 
-    # A first, unmeasured run imports the readers and warms the file cache, so imports are not counted as the task.
-    started = time.perf_counter()
-    compute()
-    seconds = time.perf_counter() - started
-    tracemalloc.start(1)
+    # GDAL's block cache as a run's worker has it (what the budget counted), for this task only: set in this process's
+    # environment it would outlive the profile (a notebook's, a test session's)
+    cache = BlockCache(plan.gdal_cachemax)
+    cache.apply()
     try:
+        # A first, unmeasured run imports the readers and warms the file cache, so imports are not counted as the task.
+        started = time.perf_counter()
         compute()
-        _, peak = tracemalloc.get_traced_memory()
+        seconds = time.perf_counter() - started
+        tracemalloc.start(1)
+        try:
+            compute()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        memray_peak, flame = None, None
+        sites: list[Any] = []
+        if use_memray:
+            memray_peak, flame, sites = _memray_peak(compute, flamegraph, top)
     finally:
-        tracemalloc.stop()
-    memray_peak, flame = None, None
-    sites: list[Any] = []
-    if use_memray:
-        memray_peak, flame, sites = _memray_peak(compute, flamegraph, top)
+        cache.restore()
     chunk_shape = dict(plan.chunks)
     costs = plan.statistics_cost
     return TaskProfile(

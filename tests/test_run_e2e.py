@@ -298,6 +298,9 @@ def test_profile_prints_measured_vs_predicted(write_spec, tmp_path):
     result = CliRunner().invoke(cli, ["profile", str(spec), "--no-memray"])
     assert result.exit_code == 0, result.output
     assert re.search(r"measured, tracemalloc\s+[\d.]+ (kB|MB)\s+measured/predicted [\d.]+", result.output)
+    # GDAL's block cache was sized for the task only: nothing left in this process's environment (a later
+    # LocalCluster in the same process, a notebook's, would inherit it)
+    assert "GDAL_CACHEMAX" not in os.environ
 
 
 def test_existing_period_file_refused_before_the_cluster_starts(write_spec, sample, tmp_path):
