@@ -21,7 +21,8 @@ process, interleaved per round (A B C ... A B C ...):
   ``GDAL_CACHEMAX=64MB`` and GDAL's HTTP settings for COGs (``GDAL_DISABLE_READDIR_ON_OPEN=EMPTY_DIR``,
   ``GDAL_HTTP_MERGE_CONSECUTIVE_RANGES=YES``, ``GDAL_HTTP_MULTIPLEX=YES``, ``VSI_CACHE=TRUE``), as its docs advise.
 
-Printed per latency: wall, peak RSS of the process tree and the largest peak per worker of the rounds (the run
+Printed per latency: wall, rasterflow's compute+write (the run report's stage, without the start and stop both runs
+pay), peak RSS of the process tree and the largest peak per worker of the rounds (the run
 report's, what the targets compare), the requests the server answered, the most it had in
 flight, bytes sent, the server's own CPU seconds (taken from the same 2 cores as the job), rasterflow's own counts
 (header reads, seconds its compute threads waited for bytes), the wall against the same layout's local run, and
@@ -107,6 +108,11 @@ def run(variant: str, local, remote, work: Path, gdal_python: Path | None, time_
     return check(measure(cmd, env=GDAL_HTTP_ENV), variant), output
 
 
+def compute_seconds(measurement) -> float:
+    """The run report's compute+write seconds (0 for a peer, which has no report)."""
+    return float(((measurement.info.get("report") or {}).get("stage_seconds") or {}).get("compute+write") or 0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=2048)
@@ -175,6 +181,8 @@ def main() -> None:
                     if slowest.get("seconds", 0) >= 1.0:  # a stall: what the report says of it
                         print(f"    longest wait {slowest}", flush=True)
             walls = {v: sorted(x[0].wall for x in results[v])[len(results[v]) // 2] for v in names}
+            # rasterflow's compute+write alone (the report's stage), without the start and stop both runs pay
+            computes = {v: sorted(compute_seconds(x[0]) for x in results[v])[len(results[v]) // 2] for v in names}
             for variant in names:
                 m, served, io, same = results[variant][-1]
                 local_name = "rf-local-procs" if variant.endswith("procs") else "rf-local"
@@ -183,7 +191,11 @@ def main() -> None:
                 per_worker = max((peak for x in results[variant]
                                   for peak in x[0].info.get("report", {}).get("measured_peak_per_worker", {}).values()),
                                  default=0)
-                rows.append([f"{latency * 1000:.0f} ms", variant, f"{walls[variant]:.1f} s", ratio, gb(m.peak_rss),
+                compute = computes[variant]
+                compute_ratio = f" ({compute / computes[local_name]:.2f}x)" if ratio and compute \
+                    and computes.get(local_name) else ""
+                rows.append([f"{latency * 1000:.0f} ms", variant, f"{walls[variant]:.1f} s", ratio,
+                             f"{compute:.1f} s{compute_ratio}" if compute else "-", gb(m.peak_rss),
                              f"{per_worker / 1e6:.0f} MB" if per_worker else "-",
                              str(served.get("requests", "-")), str(served.get("in_flight_peak", "-")),
                              f"{served['bytes'] / 1e6:.0f} MB" if served.get("bytes") else "-",
@@ -194,9 +206,8 @@ def main() -> None:
         else f"mean, time in chunks of {args.time_chunk} dates (tree path),")
     print(f"\nmasked NDVI {job} {args.size}² x {args.dates} dates x 3 assets (512² ZSTD COGs), chunks 1024², "
           f"rounds {args.rounds}, bandwidth cap {args.bandwidth or 'none'}")
-    print(table(rows, ["latency", "variant", "wall", "vs local", "peak RSS", "peak per worker", "requests",
-                       "most in flight",
-                       "bytes sent", "header reads", "compute waited", "server CPU", "vs NumPy reference"]))
+    print(table(rows, ["latency", "variant", "wall", "vs local", "compute+write (vs local)", "peak RSS",
+                       "peak per worker", "requests", "most in flight", "bytes sent", "header reads", "compute waited", "server CPU", "vs NumPy reference"]))
 
 
 if __name__ == "__main__":
