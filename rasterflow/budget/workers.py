@@ -112,7 +112,7 @@ def started_ahead(shape: PipelineShape, inputs: BudgetInputs) -> bool:
     if path == "fused":
         return shape.output_format == "cog" or zarr_unsharded
     if path == "series":  # each band task's dates one task with their writes (``write_zarr``'s ``lead_groups``)
-        return shape.output_format == "zarr" and zarr_unsharded
+        return zarr_unsharded
     if path != "tree":
         return False
     workers = max(1, inputs.n_workers)

@@ -386,10 +386,10 @@ def _write_units(prepared: xr.Dataset, names: list[str], done: dict[str, set[tup
                  ) -> tuple[Callable[[Key], Task | None], Callable[[Key], int], Iterator[list[Key]], int, int]:
     """The write tasks of the job, made per batch: a task maker (Dask's graph specification: a tuple with the
     function first), the units (the regions of one spatial position: every variable and leading index, as they
-    share their upstream tasks; with ``lead_groups`` every variable of one group of leading indices along the first
-    leading axis, in runs of these counts), the Dask blocks of a
-    region's key, and the counts of Dask blocks to write and already done. A region is one Zarr chunk, or with
-    shards one shard of up to ``side`` x ``side`` chunks."""
+    share their upstream tasks; with ``lead_groups`` every variable of one run of leading indices along the first
+    leading axis, in runs of these counts), the Dask blocks of a region's key, and the counts of Dask blocks to
+    write and already done. A region is one Zarr chunk, or with shards one shard of up to ``side`` x ``side``
+    chunks."""
     from dask.utils import apply
 
     first = prepared[names[0]].data
