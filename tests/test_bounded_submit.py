@@ -247,6 +247,40 @@ def test_a_series_band_task_with_its_dates_writes_is_one_unit(tmp_path, client, 
     assert overlapping_chunks == grouped
 
 
+@pytest.mark.parametrize("tree", [True, False])
+def test_a_tree_chunk_over_the_cap_runs_beside_another(tmp_path, client, tree):
+    """A tree chunk whose periods fill the cap (one upstream task per chunk, 12 period blocks: over the cap of 8):
+    with ``place_reads`` (the tree path) a chunk per worker thread is in flight, so two chunks' tasks run at once on
+    the two workers; without it a chunk goes alone, one at a time. The values and one run per chunk either way."""
+    from dask.base import tokenize
+
+    from rasterflow.graph import select_blocks
+    from rasterflow.layers import lazy_array
+
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    periods, side = 12, 2
+    source = lazy_array("test-tree-" + tokenize(str(calls)), (1, side, side), _SeriesTasks(str(calls), periods),
+                        ((periods,), (CHUNK,) * side, (CHUNK,) * side), np.float32)
+    leads = {(t,): ((0,), slice(t, t + 1)) for t in range(periods)}
+    band = select_blocks(source, "ndvi", leads, ((1,) * periods,))
+    coords = {"period": np.arange(periods), "y": TRANSFORM.f + TRANSFORM.e * (np.arange(side * CHUNK) + 0.5),
+              "x": TRANSFORM.c + TRANSFORM.a * (np.arange(side * CHUNK) + 0.5)}
+    ds = xr.Dataset({"ndvi": (("period", "y", "x"), band)}, coords=coords).rio.write_crs(CRS).rio.write_transform(
+        TRANSFORM)
+    path = str(tmp_path / "tree.zarr")
+    result = write_zarr(ds, path, fingerprint="fp", client=client, place_reads=tree)
+
+    assert result.blocks_written == periods * side * side
+    expected = np.stack([_reference()[:side * CHUNK, :side * CHUNK] + t for t in range(periods)])
+    np.testing.assert_array_equal(xr.open_zarr(path)["ndvi"].values, expected)
+    runs = [name.split("_")[1:] for name in os.listdir(calls) if name.startswith("series_")]
+    assert sorted((int(k), int(i), int(j)) for k, i, j, _, _ in runs) == sorted(np.ndindex(1, side, side))
+    spans = [((i, j), float(start), float(end)) for _, i, j, start, end in runs]
+    overlapping_chunks = any(a[0] != b[0] and a[1] < b[2] and b[1] < a[2] for a in spans for b in spans)
+    assert overlapping_chunks == tree
+
+
 def test_the_fused_path_writes_a_chunk_and_its_variables_in_one_task(tmp_path, client, peak):
     """``fused=True`` (the fused path's chunks): a chunk's shared task and the writes of both its variables are one
     task on one worker, so its result never waits on a worker for write tasks; the values, the resume markers and

@@ -674,12 +674,13 @@ def test_reads_started_ahead_are_counted_once_more_per_running_task():
         + REMOTE_CLIENT_BYTES
     # a COG from the tree path: its chunk's one file is one batch, and one chunk per worker fits the cap
     assert budget.started_ahead(cog, tree)
-    # a chunk of more blocks than the writer's cap lets every worker have in flight (6 periods on 2 workers x 1
-    # thread: 2 x 6 > 8) is not placed: the scheduler places its tasks, and each starts its own reads
+    # to Zarr a chunk per thread is in flight however many blocks it holds (6 and 24 periods on 2 workers x 1
+    # thread: 2 x 6 and 24 > 8), each placed on its worker with its reads started
     monthly = _shape("mean", period=True)
     two = dataclasses.replace(tree, n_workers=2, threads_per_worker=1)
     assert budget.started_ahead(monthly, dataclasses.replace(two, n_periods=4))  # 2 x 4 blocks <= 8
-    assert not budget.started_ahead(monthly, dataclasses.replace(two, n_periods=6))
+    assert budget.started_ahead(monthly, dataclasses.replace(two, n_periods=6))
+    assert budget.started_ahead(monthly, dataclasses.replace(two, n_periods=24))
     monthly_cog = _shape("mean", period=True, fmt="cog")  # a file per month: 2 x 6 over the COG writer's cap
     assert budget.started_ahead(monthly_cog, dataclasses.replace(two, n_periods=1))
     assert not budget.started_ahead(monthly_cog, dataclasses.replace(two, n_periods=6))

@@ -825,12 +825,11 @@ def test_a_time_chunked_cog_on_worker_processes_over_http_starts_each_band_tasks
 
 
 @pytest.mark.slow
-def test_a_time_chunked_chunk_of_more_blocks_than_the_cap_lets_every_worker_have_is_left_to_the_scheduler(
+def test_a_time_chunked_chunk_of_more_blocks_than_the_cap_still_goes_one_per_worker_with_its_reads_started(
         sample, tmp_path):
-    """Two bands per month (3 months: 6 blocks a chunk; 2 workers x 6 > the writer's 8 blocks in flight): placed, a
-    chunk would go whole to one worker and one chunk at a time would all go to the same one, so the scheduler places
-    the tasks and each starts its own reads; the budget does not count a started buffer; bit for bit the local
-    run."""
+    """Two bands per month (3 months: 6 blocks a chunk; 2 workers x 6 > the writer's 8 blocks in flight): the writer
+    still keeps a chunk per worker thread in flight (not one chunk at a time), each sent to its worker with its
+    reads started there first; the LocalCluster steals no work; bit for bit the local run."""
     import xarray as xr
 
     bands = 'ndvi: "(nir - red) / (nir + red)"\nndwi: "(green - nir) / (green + nir)"'
@@ -842,8 +841,8 @@ def test_a_time_chunked_chunk_of_more_blocks_than_the_cap_lets_every_worker_have
         np.testing.assert_array_equal(xr.open_zarr(tmp_path / "out" / "remote.zarr")[name].values, expected)
     report = json.loads((tmp_path / "out" / "remote.zarr.report.json").read_text())
     io = report["reads"]["io"]
-    assert io["tasks"] >= 8 and io.get("tasks_ahead", 0) == 0
-    assert report["cluster"]["work_stealing"] is True
+    assert io["tasks"] >= 8 and io["tasks"] // 2 <= io["tasks_ahead"] <= io["tasks"]
+    assert report["cluster"]["work_stealing"] is False
 
 
 @pytest.mark.slow

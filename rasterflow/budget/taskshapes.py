@@ -89,8 +89,11 @@ def units_in_flight(shape: PipelineShape, inputs: BudgetInputs) -> int:
     # with shards): a thread that finishes a reduction may start the queued one before its result's writes arrive
     # (3 bands, 1536² chunks, 2 threads, 4 chunks in flight: 281-290 MB here, 362 MB on CI's machine, against 309 MB
     # projected without a waiting result)
-    floor = threads + QUEUED_UNITS if (shape.output_format != "cog" and code_path(shape, inputs) == "fused"
-                                       and shards_per_side(shape, inputs) <= 1) else 1
+    # on the tree path a chunk per thread, none queued, however many blocks (periods x bands) a chunk holds
+    zarr_unsharded = shape.output_format != "cog" and shards_per_side(shape, inputs) <= 1
+    path = code_path(shape, inputs)
+    floor = threads + QUEUED_UNITS if zarr_unsharded and path == "fused" else \
+        threads if zarr_unsharded and path == "tree" else 1
     units = max(1, cap // keys, floor)
     workers = max(1, inputs.n_workers)
     return max(1, min(math.ceil(inputs.n_spatial_chunks / workers), math.ceil(units / workers)))

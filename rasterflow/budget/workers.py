@@ -38,7 +38,7 @@ from rasterflow.budget.paths import (
     task_shapes,
 )
 from rasterflow.budget.cogclient import cog_files
-from rasterflow.budget.taskshapes import cog_cap_and_batch, zarr_cap, zarr_chunk_blocks
+from rasterflow.budget.taskshapes import cog_cap_and_batch
 
 
 def baseline_bytes(inputs: BudgetInputs) -> int:
@@ -100,9 +100,9 @@ def started_ahead(shape: PipelineShape, inputs: BudgetInputs) -> bool:
     there first (``write.submit``): on the fused path as one task, to Zarr without shards and to COG (for a COG whose
     chunk has more entries than one batch takes, the writer keeps a task per entry and does not place it: the
     buffer counted here is then not used, the projection errs high); on the tree path with all its tasks, to Zarr
-    without shards and to COG when a chunk's entries make one batch, where the writer's cap on blocks lets every
-    worker have a chunk in flight (``write.submit.run_units``' ``place_reads``); on the series path each band task
-    with its dates' writes as one task, to Zarr without shards."""
+    without shards (a chunk per thread whatever its blocks) and to COG when a chunk's entries make one batch and the
+    writer's cap on blocks lets every worker have a chunk in flight (``write.submit.run_units``' ``place_reads``);
+    on the series path each band task with its dates' writes as one task, to Zarr without shards."""
     if not inputs.remote_fetch:
         return False
     if inputs.one_process:
@@ -120,7 +120,8 @@ def started_ahead(shape: PipelineShape, inputs: BudgetInputs) -> bool:
         cap, batch = cog_cap_and_batch(shape, inputs)
         files = cog_files(shape, inputs)
         return files <= batch and files * workers <= cap
-    return zarr_unsharded and zarr_chunk_blocks(shape, inputs) * workers <= zarr_cap(inputs)
+    # to Zarr a chunk per thread is in flight whatever its blocks (the writer's floor): every worker has one
+    return zarr_unsharded
 
 
 def remote_io_total(shape: PipelineShape, inputs: BudgetInputs, tasks: int) -> int:

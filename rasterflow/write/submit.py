@@ -460,8 +460,8 @@ def run_units(
         chunks of a Zarr shard written by one task, whose results are all held until it runs).
     min_units : int, optional
         Units allowed in flight whatever their blocks (default 1: a unit larger than the cap goes alone). The Zarr
-        writer passes the cluster's worker threads + :data:`QUEUED_UNITS` on the fused path, so that every thread
-        has a unit to run even when one unit's blocks fill the cap.
+        writer passes the cluster's worker threads + :data:`QUEUED_UNITS` on the fused and series paths, the
+        threads on the tree path, so that every thread has a unit to run even when one unit's blocks fill the cap.
     one_task_per_unit : bool
         On a distributed client, compute each unit's tasks as one task (:meth:`Batch.submit_as_one`): its shared
         upstream (a chunk's read-and-reduce) and its keys (the writes of the chunk's variables) run one after the
@@ -469,9 +469,10 @@ def run_units(
     place_reads : bool
         On worker processes, send each unit's tasks to a worker the writer picks, the reads of those that read
         remote files (:meth:`Batch.prefetchable`) started there first, as ``one_task_per_unit`` does for its one
-        task (see :func:`places_units`), where the cap lets every worker have a unit in flight (a unit's blocks
-        times the workers within ``max_in_flight``; else the scheduler places the tasks). The Zarr writer asks for
-        it on the tree path without shards (a chunk's band tasks per time chunk, their partials, its writes).
+        task (see :func:`places_units`), where the cap or ``min_units`` lets every worker have a unit in flight (a
+        unit's blocks times the workers within ``max_in_flight``, or ``min_units`` at least the workers; else the
+        scheduler places the tasks). The Zarr writer asks for it on the tree path without shards (a chunk's band
+        tasks per time chunk, their partials, its writes).
 
     Raises
     ------
@@ -565,10 +566,11 @@ def _run_distributed(feed: UnitFeed, build: Callable[[Sequence[Key]], Batch], cl
     drops: dict[int, list[Callable[[], None]]] = {}  # unit in flight -> what drops its reads started ahead
     # worker processes: a unit sent as one task goes to a worker the writer picks, its reads started there first
     # (only when the chunks' reads can start ahead: remote files the concurrent reader reads; asked of the first)
-    # placed apart (place_reads), a unit goes whole to one worker: only where the cap lets every worker have one in
-    # flight (else one unit at a time would all go to the same worker)
+    # placed apart (place_reads), a unit goes whole to one worker: only where the cap or the floor lets every worker
+    # have one in flight (else one unit at a time would all go to the same worker)
     placing = one_task_per_unit or (place_reads and feed.head is not None
-                                    and feed.blocks(feed.head) * max(1, len(workers)) <= cap)
+                                    and (feed.blocks(feed.head) * max(1, len(workers)) <= cap
+                                         or feed.min_units >= len(workers)))
     placement = Placement(client, feed, whole_units=one_task_per_unit) if placing and feed.head is not None \
         and places_units(client, build, feed.head) else None
 

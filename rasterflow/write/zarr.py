@@ -498,9 +498,10 @@ def write_zarr(
         thread and :data:`~rasterflow.write.submit.QUEUED_UNITS` more in flight even when one chunk's variables
         fill the cap on blocks (not with shards).
     place_reads : bool
-        The blocks come from the tree path (a chunk's band tasks per time chunk, their partials combined): on worker
-        processes that read remote files, each chunk's band tasks go to a worker the writer picks, their reads
-        started there first (not with shards; :func:`rasterflow.write.submit.run_units`).
+        The blocks come from the tree path (a chunk's band tasks per time chunk, their partials combined): a chunk
+        per cluster thread is in flight even when one chunk's blocks (its periods x variables) fill the cap; on
+        worker processes that read remote files, each chunk's band tasks go to a worker the writer picks, their
+        reads started there first (not with shards; :func:`rasterflow.write.submit.run_units`).
     lead_groups : sequence of int, optional
         The blocks along the first leading axis that share their upstream task, in runs of these counts (the series
         whose reads the writer places: the dates of each band task, :attr:`rasterflow.planning.JobPlan.places_reads`):
@@ -585,6 +586,13 @@ def write_zarr(
             # (budget_accuracy.py rows 17, 20, 29: measured up to 1.45x the projection)
             whole = (fused or lead_groups is not None) and side <= 1
             floor = submit.cluster_threads(client) + submit.QUEUED_UNITS if whole else 1
+            if place_reads and side <= 1:
+                # the tree path: a chunk per thread however many blocks it holds (a monthly mean has a block per
+                # month of the window: 24 over two years filled the cap alone, one chunk at a time at half the
+                # threads, 42 s against 30 s on the season's 2 workers), but none queued: a queued chunk's band
+                # tasks ran beside the first's held blocks (budget_accuracy.py row 17: 1.49x the projection with
+                # threads + 1, 1.00 with threads)
+                floor = submit.cluster_threads(client)
             # and on the fused path a chunk's read-and-reduce and its variables' writes are one task: its result is
             # never held on a worker waiting for the writes while the thread starts the next chunk
             written = submit.run_units(units, build, total=todo, client=client, progress=progress, weight=weight,
