@@ -155,3 +155,38 @@ def test_the_cog_statistics_pass_keeps_no_block_cache(tmp_path):
     assert band["minimum"] == float(valid.min()) and band["maximum"] == float(valid.max())
     assert band["mean"] == pytest.approx(float(valid.astype("float64").mean()), rel=1e-9)
     assert band["valid_percent"] == pytest.approx(100 * valid.size / values.size)
+
+
+@pytest.mark.parametrize("zarr_format, encoding", [(2, None), (3, None), (2, "int16"), (3, "int16")])
+def test_a_chunk_of_nothing_but_the_fill_value_is_not_stored_and_reads_back_as_it(tmp_path, zarr_format, encoding):
+    """A chunk with no valid value (a month of no item, a fully masked chunk) holds only the nodata: where that is
+    zarr's fill value no object is stored for it (zarr's own choice, made before it is asked; format 3 keeps an int16
+    band's nodata -32768 apart from its fill value 0, so there the chunk is stored); it reads back as nodata, its
+    statistics count nothing (format 3 int16 counted its -32768s as valid before) and the STAC item's statistics are
+    NumPy's of the valid values."""
+    from rasterflow.write.stacstats import zarr_statistics
+    from rasterflow.writeplan import Encoding
+
+    ds = _dataset()
+    values = ds["ndvi"].values
+    path = str(tmp_path / "out.zarr")
+    coding = None if encoding is None else Encoding(dtype=encoding, scale=0.001, offset=0.0, nodata=-32768)
+    result = write_zarr(ds, path, fingerprint="empty", zarr_format=zarr_format, encoding=coding)
+    array = zarr.open_group(path, mode="r")["ndvi"]
+    not_stored = 1 if zarr_format == 2 or encoding is None else 0  # ndvi[0, :64, :64]: the only empty chunk
+    assert array.nchunks_initialized == array.nchunks - not_stored
+    back = xr.open_zarr(path)["ndvi"].values
+    expected = values if encoding is None else np.where(np.isnan(values), np.nan,
+                                                        np.round(values / 0.001) * 0.001).astype(back.dtype)
+    np.testing.assert_allclose(back, expected, rtol=0, atol=1e-6)
+    assert np.isnan(back[0, :64, :64]).all()
+    assert result.statistics["ndvi"][(0, 0, 0)].count == 0
+    assert result.blocks_written == 2 * array.nchunks
+    nodata = float("nan") if coding is None else coding.nodata
+    stats = zarr_statistics(path, ["ndvi"], result.statistics, nodata=nodata)[0]
+    assert stats == zarr_statistics(path, ["ndvi"], nodata=nodata)[0]  # read back: the same
+    stored = np.asarray(array[...]).astype(np.float64)
+    valid = stored[~np.isnan(stored) & (stored != nodata)]
+    assert valid.size == np.count_nonzero(~np.isnan(values))
+    assert stats["minimum"] == valid.min() and stats["maximum"] == valid.max()
+    assert stats["valid_percent"] == pytest.approx(100 * valid.size / values.size)

@@ -67,8 +67,35 @@ def write_region(blocks: list[npt.NDArray[Any]], *, store: str, var: str, marker
                 x0 += cols
             y0 += blocks[k].shape[-2]
     values = np.asarray(stored, dtype=array.dtype)
-    array[tuple(slice(start, stop) for start, stop in region)] = values
-    _touch(join(markers, var, marker))
     fill = array.fill_value
-    return chunk_statistics(values, [start for start, _stop in region], array.chunks,
-                            None if fill is None else float(fill))
+    # the band's nodata: in format 3 zarr's fill_value is not it (0 for an int16 band whose nodata is -32768)
+    nodata = encoding.nodata if encoding is not None else None if fill is None else float(fill)
+    statistics = chunk_statistics(values, [start for start, _stop in region], array.chunks,
+                                  None if nodata is None else float(nodata))
+    if not _only_fill(values, fill, nodata, statistics):
+        array[tuple(slice(start, stop) for start, stop in region)] = values
+    _touch(join(markers, var, marker))
+    return statistics
+
+
+def _only_fill(values: npt.NDArray[Any], fill: Any, nodata: float | None,
+               statistics: dict[tuple[int, ...], BlockStats]) -> bool:
+    """Whether the region holds nothing but the array's fill value, so there is nothing to store: zarr stores no
+    object for such a chunk (``write_empty_chunks`` off, its default) and reads it back as the fill value, and no
+    earlier run of this job stored one (its staging store is this job's, whose blocks are the same). Skipping it
+    saves zarr's own check and the removal of an object that is not there (a monthly output over a window with a
+    month of no item wrote as many of these as real blocks). The statistics already counted the values other than
+    ``nodata``: where it is the fill, none means nothing but the fill (else zarr decides)."""
+    import zarr
+
+    if fill is None or nodata is None or any(block.count for block in statistics.values()) or zarr.config.get(
+            "array.write_empty_chunks"):
+        return False
+    fill = float(fill)
+    if not (fill == nodata or (np.isnan(fill) and np.isnan(nodata))):
+        return False
+    if values.dtype.kind != "f":
+        return True  # no valid value: every value is the fill (the statistics leave out only it)
+    if np.isnan(fill):
+        return True  # no valid value: every value is NaN
+    return not bool(np.isnan(values).any())  # NaN beside a numeric fill is not the fill

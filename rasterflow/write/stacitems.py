@@ -101,7 +101,7 @@ def output_item(context: StacContext, fmt: str, path: str, labels: Mapping[str, 
         known = (statistics or {}).get(path)
         stats = tile_statistics(known, len(names)) if known else cog_statistics(path)
     else:
-        stats = zarr_statistics(path, names, statistics)
+        stats = zarr_statistics(path, names, statistics, nodata=encoding.nodata)
     bands = []
     for name, stat in zip(names, stats):
         band: dict[str, Any] = {"name": name, "nodata": _nodata_value(encoding.nodata),

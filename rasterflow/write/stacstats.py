@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from rasterflow.write.files import is_remote
 
@@ -200,8 +200,8 @@ def chunk_statistics(values: npt.NDArray[Any], start: Sequence[int], chunks: Seq
     return out
 
 
-def zarr_statistics(path: str, names: Sequence[str],
-                     known: Mapping[str, ChunkStatistics] | None = None) -> list[dict[str, float]]:
+def zarr_statistics(path: str, names: Sequence[str], known: Mapping[str, ChunkStatistics] | None = None,
+                    nodata: float | None | Literal["fill_value"] = "fill_value") -> list[dict[str, float]]:
     """Per array: the statistics of every chunk, from ``known`` (what this run's write tasks returned) or read back
     (chunks an earlier, interrupted run wrote), added in chunk order whoever computed them.
 
@@ -213,6 +213,10 @@ def zarr_statistics(path: str, names: Sequence[str],
         The arrays (bands), in order.
     known : mapping, optional
         Array name -> :data:`ChunkStatistics`.
+    nodata : float, None or "fill_value"
+        The value left out (the output's ``encoding.nodata``; NaN is always left out); ``"fill_value"``: each
+        array's own, right for format 2 only (format 3 keeps xarray's ``_FillValue`` apart from zarr's
+        ``fill_value``: 0 for an int16 band whose nodata is -32768).
 
     Returns
     -------
@@ -232,7 +236,7 @@ def zarr_statistics(path: str, names: Sequence[str],
             array = group[name]
             assert isinstance(array, zarr.Array), f"{name} in {path} is not an array"
             fill = array.fill_value
-            nodata = None if fill is None else float(fill)
+            missing = (None if fill is None else float(fill)) if isinstance(nodata, str) else nodata
             have = (known or {}).get(name, {})
             ranges = [range(0, n, c) for n, c in zip(array.shape, array.chunks)]
             indices = [tuple(s // c for s, c in zip(starts, array.chunks)) for starts in itertools.product(*ranges)]
@@ -242,7 +246,7 @@ def zarr_statistics(path: str, names: Sequence[str],
                 if hit is not None:
                     return hit
                 region = tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(index, array.chunks, array.shape))
-                return BlockStats.of(np.asarray(array[region]), nodata)
+                return BlockStats.of(np.asarray(array[region]), missing)
 
             acc = BlockStats()
             for block in pool.map(stats, indices):
