@@ -163,6 +163,8 @@ CONFIGS = [
     # Zarr v3 shards: a shard's chunk results are held until it is written whole by one task
     C(512, 2048, "median", shards=4),
     C(512, 2048, "mean", shards=4, threads=2, bands=("ndvi", "evi")),
+    # a tree chunk over the Zarr writer's cap (24 months x 2 bands: 48 blocks), a chunk per thread
+    C(1024, 2048, "mean", period="month", time=4, threads=2, bands=("ndvi", "evi")),
 ]
 
 
