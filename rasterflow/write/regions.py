@@ -69,9 +69,8 @@ def write_region(blocks: list[npt.NDArray[Any]], *, store: str, var: str, marker
     values = np.asarray(stored, dtype=array.dtype)
     fill = array.fill_value
     # the band's nodata: in format 3 zarr's fill_value is not it (0 for an int16 band whose nodata is -32768)
-    nodata = encoding.nodata if encoding is not None else None if fill is None else float(fill)
-    statistics = chunk_statistics(values, [start for start, _stop in region], array.chunks,
-                                  None if nodata is None else float(nodata))
+    nodata = encoding.nodata if encoding is not None else (None if fill is None else float(fill))
+    statistics = chunk_statistics(values, [start for start, _stop in region], array.chunks, nodata)
     if not _only_fill(values, fill, nodata, statistics):
         array[tuple(slice(start, stop) for start, stop in region)] = values
     _touch(join(markers, var, marker))
